@@ -1,0 +1,1 @@
+"""Study orchestration: launching searches, tracking in MLflow, final training and reports."""

@@ -1,0 +1,188 @@
+"""python -m study.final: retrain a fixed config on all training classes and test it.
+
+Trains the config on the fit + validation classes (all of the dataset's
+training classes) once per seed, evaluates on the unseen test classes, and
+records everything in MLflow: params, per-epoch metrics, test metrics per seed
+and their mean and spread, positive/negative pair similarity histograms, the
+resolved config and the model as a pyfunc model (uint8 images in, l2-normalized
+embeddings out).
+
+Examples:
+  python -m study.final --data-root ../shared/data              # HBN on Omniglot (embedded default)
+  python -m study.final --config configs/omniglot_sm.yaml --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+
+from study import tracking
+from study.plots import pair_similarities, similarity_histogram
+from study.tracking import UsageError
+from trainables.core.checkpoint import CheckpointError
+from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.data import DATA_ROOT_ENV, DatasetError, load_dataset
+from trainables.core.engine import Run, TrainingDiverged, build_run, default_device, embed, fit
+from trainables.core.models import WeightsError
+
+log = logging.getLogger(__name__)
+DEFAULT_CONFIG = "omniglot_hbn.yaml"
+INPUT_ERRORS = (UsageError, ConfigError, DatasetError, WeightsError, CheckpointError)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m study.final",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n\n")[2:]),
+    )
+    parser.add_argument("--config", help=f"YAML file of config keys (see DESIGN.md); default: the embedded {DEFAULT_CONFIG}, "
+                        "heated-up softmax with BN features, alpha 16 -> 4, on Omniglot")
+    parser.add_argument("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); Omniglot is looked up in <root>/omniglot/")
+    parser.add_argument("--download", action="store_true", help="download Omniglot into the data root when it is missing (needs internet)")
+    parser.add_argument("--seeds", type=int, default=3, help="train this many seeds (config seed, +1, ...); report mean and spread (default 3)")
+    parser.add_argument("--epochs", type=int, help="override the config's epochs (e.g. 2 for a smoke run)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
+    parser.add_argument("--experiment", default="final", help="MLflow experiment name (default: final)")
+    parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
+    parser.add_argument("--register", metavar="NAME", help="register the first seed's model in the MLflow model registry under NAME")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: expected an integer >= 1")
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
+    if args.num_workers < 0:
+        parser.error(f"--num-workers {args.num_workers}: expected an integer >= 0")
+    return args
+
+
+def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfig, str]:
+    """The config of ``path`` (or the embedded default) and a name for it."""
+    if path is None:
+        text = resources.files("configs").joinpath(DEFAULT_CONFIG).read_text()
+        import yaml
+
+        values, source, name = yaml.safe_load(text), f"configs/{DEFAULT_CONFIG} (embedded)", Path(DEFAULT_CONFIG).stem
+    else:
+        values, source, name = tracking.read_yaml(path, "a mapping of config keys"), path, Path(path).stem
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise UsageError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
+    if epochs is not None:
+        values = {**values, "epochs": epochs}
+    return TrainConfig.from_dict(values, source=source), name
+
+
+def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """Mean and (sample) standard deviation of every test metric across seeds."""
+    out: dict[str, float] = {}
+    for key in per_seed[0]:
+        values = np.array([m[key] for m in per_seed], dtype=float)
+        out[f"{key}_mean"] = float(values.mean())
+        out[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return out
+
+
+def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None) -> dict[str, Any]:
+    """One child run: train, test, histograms, model. Returns test metrics and the model URI."""
+    started = time.perf_counter()
+
+    def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
+        mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=epoch)
+        shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
+        if "alpha" in metrics:
+            shown += f"  alpha {metrics['alpha']:.2f}"
+        if "test_recall_at_1" in metrics:
+            shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
+        print(f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr']:.2e}  ({metrics['time_epoch_s']:.1f} s)", flush=True)
+
+    run = fit(config, on_epoch, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=num_workers)
+    elapsed = time.perf_counter() - started
+    test = {k: v for k, v in run.metrics.items() if k.startswith("test_")}
+    embeddings = embed(run.model, run.eval_set, run.image_size, run.device).numpy()
+    positive, negative = pair_similarities(embeddings, run.eval_set.labels, seed=config.seed)
+    histogram = similarity_histogram(positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png",
+                                     title=f"test pair similarities, seed {config.seed}")
+    mlflow.log_artifact(str(histogram))
+    mlflow.log_metrics({"time_total_s": elapsed, "test_positive_similarity_mean": float(positive.mean()),
+                        "test_negative_similarity_mean": float(negative.mean())})
+    from study.pyfunc import log_embedding_model
+
+    info = log_embedding_model(run, workdir, registered_model_name=register)
+    return {"test": test, "time_s": elapsed, "model_uri": info.model_uri, "run_id": mlflow.active_run().info.run_id}
+
+
+def run_final(args: argparse.Namespace) -> dict[str, Any]:
+    config, name = load_config(args.config, args.epochs)
+    # everything that can be wrong with the input is checked before a run is created
+    splits = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
+    device = default_device() if args.device is None else __import__("torch").device(args.device)
+    build_run(config, mode="final", splits=splits, device=device)
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    experiment_id = tracking.setup(uri, args.experiment)
+    seeds = [config.seed + i for i in range(args.seeds)]
+    print(f"final training of {name}: {config.loss} on {config.dataset}, {config.epochs} epochs, seeds {seeds}, device {device}")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(
+        experiment_id=experiment_id, run_name=args.run_name or f"final-{name}", tags={**tracking.reproducibility_tags(), "kind": "final"}
+    ) as parent:
+        workdir = Path(tmp)
+        mlflow.log_params({k: v for k, v in config.to_dict().items() if k != "seed"} | {"seeds": ",".join(map(str, seeds))})
+        mlflow.log_artifact(str(tracking.write_yaml(workdir / "config.yaml", config.to_dict())))
+        for i, seed in enumerate(seeds):
+            seed_config = config.replace(seed=seed)
+            with mlflow.start_run(run_name=f"{name}-seed{seed}", nested=True, tags={"kind": "final_seed", "seed": str(seed)}):
+                mlflow.log_params(seed_config.to_dict())
+                results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, args.register if i == 0 else None))
+        summary = summarize([r["test"] for r in results])
+        summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
+        mlflow.log_metrics(summary)
+        mlflow.log_dict({"per_seed": results, "summary": summary}, "results.json")
+    return {"name": name, "config": config, "uri": uri, "parent_run_id": parent.info.run_id, "results": results, "summary": summary}
+
+
+def print_summary(outcome: dict[str, Any]) -> None:
+    summary = outcome["summary"]
+    keys = [k.removesuffix("_mean") for k in summary if k.endswith("_mean") and k.startswith("test_")]
+    print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s) (mean +- std)")
+    for key in keys:
+        print(f"  {key:<24} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}")
+    print(f"  {'time per seed':<24} {summary['time_per_seed_s_mean']:.0f} s")
+    print(f"\nparent run: {outcome['parent_run_id']}")
+    for r in outcome["results"]:
+        print(f"  model: {r['model_uri']}  (run {r['run_id']})")
+    print(f"\nopen the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        outcome = run_final(args)
+    except INPUT_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as error:
+        print(f"error: training diverged: {error}", file=sys.stderr)
+        return 1
+    print_summary(outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""MLflow plumbing shared by the study commands: where runs go, what they record.
+
+The default store is local: ``sqlite:///<runs dir>/mlflow.db`` with artifacts
+under ``<runs dir>/artifacts`` (``<runs dir>`` is ``$DML_RUNS_DIR`` or
+``./runs``). ``--tracking-uri`` or ``$MLFLOW_TRACKING_URI`` point elsewhere,
+e.g. at the MLflow server of a cluster's head node.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import yaml
+
+RUNS_DIR_ENV = "DML_RUNS_DIR"
+
+
+class UsageError(ValueError):
+    """Bad input from the command line or a file; printed as one line, exit status 2."""
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get(RUNS_DIR_ENV, "runs")).expanduser().resolve()
+
+
+def resolve_tracking_uri(flag: str | None) -> str:
+    uri = flag or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{runs_dir() / 'mlflow.db'}"
+
+
+def is_local_sqlite(uri: str) -> bool:
+    return uri.startswith("sqlite:///")
+
+
+def ui_command(uri: str) -> str:
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri} in a browser (or: mlflow ui --backend-store-uri <the server's store>)"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def setup(uri: str, experiment: str) -> str:
+    """Point MLflow at ``uri`` and make sure ``experiment`` exists; returns its id."""
+    if is_local_sqlite(uri):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if is_local_sqlite(uri):
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts" / experiment).as_uri()
+    return mlflow.create_experiment(experiment, artifact_location=location)
+
+
+def git_commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def reproducibility_tags() -> dict[str, str]:
+    """What makes a run reproducible besides its config: code version and library versions."""
+    import faiss
+    import torch
+    import torchvision
+
+    return {
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "faiss": getattr(faiss, "__version__", "unknown"),
+        "mlflow": mlflow.__version__,
+        "host": platform.node(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+    }
+
+
+def read_yaml(path: str | os.PathLike, what: str) -> Any:
+    """Parse a YAML file; any problem is a UsageError naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{file}: file not found; expected {what}")
+    try:
+        return yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UsageError(f"{file}{where}: YAML syntax error ({problem}); expected {what}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{file}: unreadable ({error}); expected {what}") from None
+
+
+def write_yaml(path: str | os.PathLike, data: Any) -> Path:
+    path = Path(path)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str) -> None:
+    """Mark runs that are still RUNNING as FAILED with ``reason`` (nothing is left RUNNING)."""
+    for run_id in run_ids:
+        try:
+            run = client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            continue
+        if run.info.status == "RUNNING":
+            client.set_tag(run_id, "failure_reason", reason[:5000])
+            client.set_terminated(run_id, status="FAILED")

@@ -1,0 +1,1 @@
+"""Trainables: the pure-PyTorch training core and the Ray Tune trainable that wraps it."""

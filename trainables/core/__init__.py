@@ -1,0 +1,5 @@
+"""The training core: pure PyTorch (+ faiss, numpy, scikit-learn). Never imports ray, optuna or mlflow."""
+
+from .config import ConfigError, TrainConfig
+
+__all__ = ["ConfigError", "TrainConfig"]

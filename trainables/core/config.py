@@ -1,0 +1,201 @@
+"""TrainConfig: the one validated, frozen training configuration.
+
+One flat dict of JSON scalars with snake_case keys crosses every boundary of the
+project (YAML space, Optuna, Tune, MLflow, checkpoint). It becomes a
+``TrainConfig`` exactly once, in :meth:`TrainConfig.from_dict`, where every key
+and value is checked. Errors are :class:`ConfigError` with one line that names
+the key, the value and what is allowed.
+
+Defaults follow the papers where they speak (000_4178e6910e81cd2f: alpha 16,
+heated to 4 with lr x 0.1, embedding 64; 004_44fc264e74e143df: s = 64) and are
+otherwise chosen for the small CNN on 32 px characters that runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+LOSS_CHOICES = ("softmax", "ice")
+HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
+NORMALIZATION_CHOICES = ("none", "l2", "bn")
+OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
+BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
+DATASET_CHOICES = ("omniglot", "cub200", "cars196", "sop", "inshop", "folder", "synthetic")
+
+
+class ConfigError(ValueError):
+    """A config key has a value that is not allowed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # loss family
+    loss: str = "softmax"
+    # heated-up softmax (000_4178e6910e81cd2f, eq. 1): logits = alpha * <f_hat, w_hat>
+    alpha: float = 16.0
+    learn_alpha: bool = False
+    heating: str = "two_stage"
+    heating_target: float = 4.0
+    heating_start: float = 0.75  # fraction of the epochs trained before heating starts
+    heating_lr_factor: float = 0.1
+    # instance cross entropy (004_44fc264e74e143df, eqs. 11-12): similarity scale s
+    ice_scale: float = 64.0
+    # batches of C classes x k images, for every loss
+    classes_per_batch: int = 32
+    samples_per_class: int = 4
+    # feature and weight normalization (000_4178e6910e81cd2f, sec. 3.3)
+    normalization: str = "bn"
+    weight_norm: bool = True
+    # mean-proxy regularizer weight (002_ad8188f3a39a9075, eq. 3.10); 0 disables it
+    mean_proxy_weight: float = 0.0
+    # model
+    embedding_dim: int = 64
+    backbone: str = "small_cnn"
+    pretrained: str = "none"  # none | imagenet | path to a local weights file
+    dropout: float = 0.0
+    # optimization
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 5e-4
+    momentum: float = 0.9
+    new_layer_lr_mult: float = 1.0
+    epochs: int = 40
+    seed: int = 0
+    # data
+    dataset: str = "omniglot"
+    image_size: int = 0  # 0: the dataset's default (32 for characters, 224 for photos)
+    val_fraction: float = 0.2
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
+        """Validate ``values`` (missing keys take defaults) and freeze them.
+
+        ``source`` names where the values came from (a file, a flag) so that the
+        error message points the user at it.
+        """
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: expected a mapping of config keys, got {type(values).__name__}")
+        allowed = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}"
+            )
+        coerced = {k: _coerce(source, k, v, allowed[k].type) for k, v in values.items()}
+        config = cls(**coerced)
+        config._check(source)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return TrainConfig.from_dict({**self.to_dict(), **changes})
+
+    # -- validation -------------------------------------------------------------
+    def _check(self, source: str) -> None:
+        def bad(key: str, allowed: str) -> ConfigError:
+            return ConfigError(f"{source}: {key}={getattr(self, key)!r} is not allowed; expected {allowed}")
+
+        for key, choices in (
+            ("loss", LOSS_CHOICES),
+            ("heating", HEATING_CHOICES),
+            ("normalization", NORMALIZATION_CHOICES),
+            ("optimizer", OPTIMIZER_CHOICES),
+            ("backbone", BACKBONE_CHOICES),
+            ("dataset", DATASET_CHOICES),
+        ):
+            if getattr(self, key) not in choices:
+                raise bad(key, "one of " + ", ".join(choices))
+        positive = ("alpha", "heating_target", "ice_scale", "lr", "heating_lr_factor")
+        for key in positive:
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise bad(key, "a finite number > 0")
+        for key in ("weight_decay", "mean_proxy_weight", "new_layer_lr_mult"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise bad(key, "a finite number >= 0")
+        if not 0 <= self.heating_start <= 1:
+            raise bad("heating_start", "a fraction of the epochs in [0, 1]")
+        if not 0 <= self.momentum < 1:
+            raise bad("momentum", "a number in [0, 1)")
+        if not 0 <= self.dropout < 1:
+            raise bad("dropout", "a probability in [0, 1)")
+        if not 0 < self.val_fraction < 1:
+            raise bad("val_fraction", "a fraction in (0, 1)")
+        if self.classes_per_batch < 2:
+            raise bad("classes_per_batch", "an integer >= 2 (a batch needs negatives)")
+        if self.samples_per_class < 1:
+            raise bad("samples_per_class", "an integer >= 1")
+        if self.loss == "ice" and self.samples_per_class < 2:
+            raise bad("samples_per_class", "an integer >= 2 with loss=ice (every anchor needs a positive)")
+        if not 2 <= self.embedding_dim <= 8192:
+            raise bad("embedding_dim", "an integer in [2, 8192]")
+        if not 1 <= self.epochs <= 100_000:
+            raise bad("epochs", "an integer >= 1")
+        if self.seed < 0:
+            raise bad("seed", "an integer >= 0")
+        if self.image_size != 0 and not 8 <= self.image_size <= 1024:
+            raise bad("image_size", "0 (dataset default) or an integer in [8, 1024]")
+        if not self.pretrained:
+            raise bad("pretrained", "none, imagenet or the path of a local weights file")
+        if self.backbone == "small_cnn" and self.pretrained == "imagenet":
+            raise bad("pretrained", "none or a local weights file with backbone=small_cnn (it has no ImageNet weights)")
+        if self.loss == "softmax" and self.heating != "none" and self.heating_target > self.alpha:
+            raise ConfigError(
+                f"{source}: heating_target={self.heating_target!r} is above alpha={self.alpha!r}; "
+                "heating lowers alpha, so expected heating_target <= alpha"
+            )
+
+    # -- derived values ---------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.classes_per_batch * self.samples_per_class
+
+
+def _coerce(source: str, key: str, value: Any, annotation: Any) -> Any:
+    """Coerce a JSON scalar to the field's type, refusing lossy conversions."""
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected true or false")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected an integer")
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected a number")
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected a string")
+    return value

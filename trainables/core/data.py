@@ -1,0 +1,469 @@
+"""Datasets, class-disjoint splits and transforms.
+
+Every dataset yields two class-disjoint :class:`ImageSet` s: ``train`` (the
+dataset's standard training classes) and ``test`` (its standard held-out
+classes; for In-shop, ``test`` holds the queries and ``gallery`` the gallery).
+:func:`split_classes` then cuts the training classes into *fit* and
+*validation* classes (DESIGN.md's protocol): studies train on fit and are
+scored on validation; only final training touches the test classes.
+
+Datasets are found under a data root (``--data-root`` or the ``DML_DATA_ROOT``
+environment variable) in their standard on-disk layouts:
+
+- ``omniglot``: ``<root>/omniglot/images_background_small1.zip`` and
+  ``images_background_small2.zip`` (zips or their extracted folders). Train on
+  the 136 characters of small1, test on the 106 characters of the small2
+  alphabets small1 lacks (Japanese (katakana), Sanskrit, Tagalog).
+- ``cub200``: ``<root>/CUB_200_2011/{images.txt,image_class_labels.txt,images/}``;
+  classes 1-100 train, 101-200 test.
+- ``cars196``: ``<root>/cars196/{cars_annos.mat,car_ims/}``; classes 1-98 train,
+  99-196 test.
+- ``sop``: ``<root>/Stanford_Online_Products/{Ebay_train.txt,Ebay_test.txt}``.
+- ``inshop``: ``<root>/inshop/{list_eval_partition.txt,img/}``; test = query and
+  gallery.
+- ``folder``: ``<root>/{train,test}/<class>/<image>``: one sub-folder per class.
+- ``synthetic``: generated glyph-like images, for tests and smoke runs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms import v2
+
+log = logging.getLogger(__name__)
+
+DATA_ROOT_ENV = "DML_DATA_ROOT"
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+OMNIGLOT_URL = "https://raw.githubusercontent.com/brendenlake/omniglot/master/python/{name}.zip"
+OMNIGLOT_TEST_ALPHABETS = ("Japanese_(katakana)", "Sanskrit", "Tagalog")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class DatasetError(ValueError):
+    """A dataset is missing or malformed; the message says what was expected where."""
+
+
+@dataclass
+class ImageSet:
+    """Labelled images, either decoded in memory or read from files on demand.
+
+    ``labels`` (N,) int64 are the dataset's class ids. ``kind`` is
+    ``characters`` (grayscale glyphs, dark strokes on light ground) or
+    ``photos`` (RGB). Exactly one of ``arrays`` ((N, H, W) uint8, already at
+    the training size) and ``paths`` is set.
+    """
+
+    labels: np.ndarray
+    kind: str
+    arrays: np.ndarray | None = None
+    paths: list[str] | None = None
+    names: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def classes(self) -> np.ndarray:
+        return np.unique(self.labels)
+
+    def subset(self, index: np.ndarray) -> ImageSet:
+        index = np.asarray(index, dtype=np.int64)
+        return ImageSet(
+            labels=self.labels[index],
+            kind=self.kind,
+            arrays=None if self.arrays is None else self.arrays[index],
+            paths=None if self.paths is None else [self.paths[i] for i in index],
+            names=self.names,
+        )
+
+    def with_classes(self, classes: np.ndarray) -> ImageSet:
+        return self.subset(np.flatnonzero(np.isin(self.labels, classes)))
+
+    def load(self, i: int) -> np.ndarray:
+        """The i-th image as a uint8 array: (H, W) for characters, (H, W, 3) for photos."""
+        if self.arrays is not None:
+            return self.arrays[i]
+        return read_image(self.paths[i], self.kind)
+
+
+@dataclass
+class DatasetSplits:
+    train: ImageSet
+    test: ImageSet
+    gallery: ImageSet | None = None  # query/gallery evaluation (In-shop): test holds the queries
+    recall_ks: tuple[int, ...] = (1, 2, 4, 8)
+    default_image_size: int = 224
+
+
+def read_image(path: str, kind: str) -> np.ndarray:
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if kind == "characters" else "RGB")
+            return np.asarray(image, dtype=np.uint8).copy()
+    except (OSError, UnidentifiedImageError) as error:
+        raise DatasetError(f"{path}: unreadable image ({error.__class__.__name__}: {error})") from None
+
+
+# ----------------------------------------------------------------------------- loaders
+def _need(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise DatasetError(f"{path}: not found; expected {what}")
+    return path
+
+
+def _resize_gray(data: bytes | str, size: int, where: str) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
+            image = image.convert("L").resize((size, size), Image.Resampling.BILINEAR)
+            return np.asarray(image, dtype=np.uint8).copy()
+    except (OSError, UnidentifiedImageError) as error:
+        raise DatasetError(f"{where}: unreadable image ({error.__class__.__name__}: {error})") from None
+
+
+def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...], download: bool):
+    """Decode one Omniglot background set; classes are alphabet/character."""
+    folder, archive = base / name, base / f"{name}.zip"
+    if not folder.is_dir() and not archive.is_file():
+        if not download:
+            raise DatasetError(
+                f"{archive}: not found; expected Omniglot's {name}.zip (or its extracted folder) "
+                f"under the data root (--data-root or ${DATA_ROOT_ENV}), or pass --download"
+            )
+        base.mkdir(parents=True, exist_ok=True)
+        log.info("downloading %s", OMNIGLOT_URL.format(name=name))
+        urllib.request.urlretrieve(OMNIGLOT_URL.format(name=name), archive)
+    entries: list[tuple[str, Callable[[], bytes | str]]] = []
+    if folder.is_dir():
+        for path in sorted(folder.glob("*/*/*.png")):
+            entries.append((str(path.relative_to(folder)), lambda p=path: str(p)))
+        zf = None
+    else:
+        try:
+            zf = zipfile.ZipFile(archive)
+        except zipfile.BadZipFile:
+            raise DatasetError(f"{archive}: not a readable zip file; expected Omniglot's {name}.zip") from None
+        for info in sorted(zf.infolist(), key=lambda i: i.filename):
+            if info.filename.endswith(".png"):
+                rel = info.filename.split("/", 1)[1]
+                entries.append((rel, lambda i=info: zf.read(i)))
+    images, names = [], []
+    for rel, read in entries:
+        parts = rel.split("/")
+        if len(parts) != 3 or parts[0] in skip:
+            continue
+        images.append(_resize_gray(read(), image_size, f"{archive}:{rel}"))
+        names.append(f"{parts[0]}/{parts[1]}")
+    if zf is not None:
+        zf.close()
+    if not images:
+        raise DatasetError(f"{folder if folder.is_dir() else archive}: no <alphabet>/<character>/*.png images found")
+    return np.stack(images), names
+
+
+def load_omniglot(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    base = root / "omniglot"
+    train_x, train_names = _omniglot_part(base, "images_background_small1", image_size, (), download)
+    train_alphabets = {n.split("/")[0] for n in train_names}
+    skip = tuple(train_alphabets)  # Greek and Latin appear in both sets: keep the test classes unseen
+    test_x, test_names = _omniglot_part(base, "images_background_small2", image_size, skip, download)
+    if {n.split("/")[0] for n in test_names} & train_alphabets:
+        raise DatasetError(f"{base}: the test alphabets overlap the training alphabets")
+    return _from_names(train_x, train_names, test_x, test_names, "characters", (1, 2, 4, 8), 32)
+
+
+def _from_names(train_x, train_names, test_x, test_names, kind, ks, size) -> DatasetSplits:
+    vocabulary = {name: i for i, name in enumerate(sorted(set(train_names) | set(test_names)))}
+    names = {i: name for name, i in vocabulary.items()}
+    train = ImageSet(np.array([vocabulary[n] for n in train_names], dtype=np.int64), kind, arrays=train_x, names=names)
+    test = ImageSet(np.array([vocabulary[n] for n in test_names], dtype=np.int64), kind, arrays=test_x, names=names)
+    return DatasetSplits(train, test, recall_ks=ks, default_image_size=size)
+
+
+def _split_by_class(paths: list[str], labels: list[int], first_test_class: int, ks) -> DatasetSplits:
+    labels_a = np.asarray(labels, dtype=np.int64)
+    is_test = labels_a >= first_test_class
+    train = ImageSet(labels_a[~is_test], "photos", paths=[p for p, t in zip(paths, is_test) if not t])
+    test = ImageSet(labels_a[is_test], "photos", paths=[p for p, t in zip(paths, is_test) if t])
+    if len(train) == 0 or len(test) == 0:
+        raise DatasetError(f"{Path(paths[0]).parent if paths else 'dataset'}: expected images in both the train and the test classes")
+    return DatasetSplits(train, test, recall_ks=ks)
+
+
+def _read_table(path: Path, columns: int, what: str, skip: int = 0) -> list[list[str]]:
+    rows = []
+    for number, line in enumerate(_need(path, what).read_text().splitlines()[skip:], start=skip + 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) < columns:
+            raise DatasetError(f"{path}:{number}: expected {columns} columns ({what}), got {line!r}")
+        rows.append(parts)
+    if not rows:
+        raise DatasetError(f"{path}: empty; expected {what}")
+    return rows
+
+
+def _int(value: str, path: Path, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise DatasetError(f"{path}: {value!r} is not an integer ({what})") from None
+
+
+def load_cub200(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    base = _need(root / "CUB_200_2011", "the CUB_200_2011 folder (images.txt, image_class_labels.txt, images/)")
+    images = _read_table(base / "images.txt", 2, "'<image id> <relative path>' per line")
+    labels_rows = _read_table(base / "image_class_labels.txt", 2, "'<image id> <class id 1-200>' per line")
+    label_of = {r[0]: _int(r[1], base / "image_class_labels.txt", "class id") for r in labels_rows}
+    missing = [r[0] for r in images if r[0] not in label_of]
+    if missing:
+        raise DatasetError(f"{base / 'image_class_labels.txt'}: no label for image id {missing[0]} of images.txt")
+    paths = [str(base / "images" / r[1]) for r in images]
+    return _split_by_class(paths, [label_of[r[0]] for r in images], 101, (1, 2, 4, 8))
+
+
+def load_cars196(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    from scipy.io import loadmat
+
+    base = _need(root / "cars196", "the cars196 folder (cars_annos.mat, car_ims/)")
+    annos = _need(base / "cars_annos.mat", "Stanford Cars' cars_annos.mat")
+    try:
+        table = loadmat(annos)["annotations"][0]
+        paths = [str(base / str(a["relative_im_path"][0])) for a in table]
+        labels = [int(np.asarray(a["class"]).ravel()[0]) for a in table]
+    except (KeyError, ValueError, IndexError, TypeError) as error:
+        raise DatasetError(f"{annos}: expected an 'annotations' struct with relative_im_path and class ({error})") from None
+    return _split_by_class(paths, labels, 99, (1, 2, 4, 8))
+
+
+def load_sop(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    base = _need(root / "Stanford_Online_Products", "the Stanford_Online_Products folder (Ebay_train.txt, Ebay_test.txt)")
+    what = "'image_id class_id super_class_id path' per line after a header"
+    sets = []
+    for name in ("Ebay_train.txt", "Ebay_test.txt"):
+        rows = _read_table(base / name, 4, what, skip=1)
+        labels = np.array([_int(r[1], base / name, "class_id") for r in rows], dtype=np.int64)
+        sets.append(ImageSet(labels, "photos", paths=[str(base / r[3]) for r in rows]))
+    train, test = sets
+    if np.intersect1d(train.classes, test.classes).size:
+        raise DatasetError(f"{base}: Ebay_train.txt and Ebay_test.txt share classes; expected class-disjoint splits")
+    return DatasetSplits(train, test, recall_ks=(1, 10, 100))
+
+
+def load_inshop(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    base = _need(root / "inshop", "the inshop folder (list_eval_partition.txt, img/)")
+    table = base / "list_eval_partition.txt"
+    rows = _read_table(table, 3, "'image_name item_id evaluation_status' per line after two header lines", skip=2)
+    items = sorted({r[1] for r in rows})
+    index = {item: i for i, item in enumerate(items)}
+    parts: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
+    for number, row in enumerate(rows, start=3):
+        if row[2] not in parts:
+            raise DatasetError(f"{table}:{number}: evaluation_status {row[2]!r}; expected train, query or gallery")
+        parts[row[2]][0].append(str(base / row[0]))
+        parts[row[2]][1].append(index[row[1]])
+    train, query, gallery = (ImageSet(np.array(parts[k][1], dtype=np.int64), "photos", paths=parts[k][0]) for k in ("train", "query", "gallery"))
+    if min(len(train), len(query), len(gallery)) == 0:
+        raise DatasetError(f"{table}: expected train, query and gallery images")
+    return DatasetSplits(train, query, gallery=gallery, recall_ks=(1, 10, 20, 30))
+
+
+def _folder_set(folder: Path) -> tuple[list[str], list[str]]:
+    paths, names = [], []
+    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        for image in sorted(class_dir.iterdir()):
+            if image.suffix.lower() in IMAGE_EXTENSIONS:
+                paths.append(str(image))
+                names.append(class_dir.name)
+    if not paths:
+        raise DatasetError(f"{folder}: no images; expected one sub-folder per class holding {'/'.join(IMAGE_EXTENSIONS)} files")
+    return paths, names
+
+
+def load_folder(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
+    splits = []
+    for part in ("train", "test"):
+        paths, names = _folder_set(_need(root / part, f"a {part}/ folder with one sub-folder per class"))
+        splits.append((paths, names))
+    (train_p, train_n), (test_p, test_n) = splits
+    shared = sorted(set(train_n) & set(test_n))
+    if shared:
+        raise DatasetError(f"{root}: class {shared[0]!r} is in both train/ and test/; expected class-disjoint folders")
+    vocabulary = {name: i for i, name in enumerate(sorted(set(train_n) | set(test_n)))}
+    names = {i: n for n, i in vocabulary.items()}
+    train = ImageSet(np.array([vocabulary[n] for n in train_n]), "photos", paths=train_p, names=names)
+    test = ImageSet(np.array([vocabulary[n] for n in test_n]), "photos", paths=test_p, names=names)
+    return DatasetSplits(train, test, recall_ks=(1, 2, 4, 8))
+
+
+def synthetic_glyphs(num_classes: int, per_class: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random stroke glyphs, one template per class plus per-image jitter and noise.
+
+    Returns images (num_classes * per_class, size, size) uint8 (dark strokes on
+    a light ground, like Omniglot) and labels (N,).
+    """
+    rng = np.random.default_rng(seed)
+    grid = np.stack(np.meshgrid(np.arange(size), np.arange(size), indexing="ij"), -1).astype(np.float32)
+    images, labels = [], []
+    for c in range(num_classes):
+        points = rng.uniform(0.2 * size, 0.8 * size, size=(4, 2))
+        for _ in range(per_class):
+            jittered = points + rng.normal(0, 0.04 * size, size=points.shape)
+            ink = np.zeros((size, size), np.float32)
+            for a, b in zip(jittered[:-1], jittered[1:]):
+                t = np.linspace(0, 1, 2 * size)[:, None]
+                segment = a + t * (b - a)
+                d = np.min(np.linalg.norm(grid[:, :, None, :] - segment[None, None], axis=-1), axis=-1)
+                ink = np.maximum(ink, np.clip(1.5 - d, 0, 1))
+            ink = np.clip(ink + rng.normal(0, 0.05, ink.shape), 0, 1)
+            images.append((255 * (1 - ink)).astype(np.uint8))
+            labels.append(c)
+    return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+def load_synthetic(root: Path | None, image_size: int, download: bool = False) -> DatasetSplits:
+    x, y = synthetic_glyphs(40, 10, image_size, seed=1234)
+    is_test = y >= 30
+    train = ImageSet(y[~is_test], "characters", arrays=x[~is_test])
+    test = ImageSet(y[is_test], "characters", arrays=x[is_test])
+    return DatasetSplits(train, test, recall_ks=(1, 2, 4, 8), default_image_size=32)
+
+
+DATASETS: dict[str, Callable[..., DatasetSplits]] = {
+    "omniglot": load_omniglot,
+    "cub200": load_cub200,
+    "cars196": load_cars196,
+    "sop": load_sop,
+    "inshop": load_inshop,
+    "folder": load_folder,
+    "synthetic": load_synthetic,
+}
+IN_MEMORY = {"omniglot": 32, "synthetic": 32}  # datasets decoded at load time, and their default size
+
+
+def resolve_data_root(data_root: str | os.PathLike | None) -> Path | None:
+    value = data_root or os.environ.get(DATA_ROOT_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def image_size_for(dataset: str, image_size: int) -> int:
+    return image_size or IN_MEMORY.get(dataset, 224)
+
+
+def load_dataset(name: str, data_root: str | os.PathLike | None, image_size: int = 0, download: bool = False) -> DatasetSplits:
+    """Load ``name`` from the data root; raises DatasetError naming what is missing where."""
+    if name not in DATASETS:
+        raise DatasetError(f"dataset {name!r} is unknown; expected one of {', '.join(DATASETS)}")
+    root = resolve_data_root(data_root)
+    if root is None and name != "synthetic":
+        raise DatasetError(f"dataset {name!r} needs a data root: pass --data-root DIR or set ${DATA_ROOT_ENV}")
+    if root is not None and name != "synthetic" and not root.is_dir() and not download:
+        raise DatasetError(f"{root}: data root is not a directory (from --data-root or ${DATA_ROOT_ENV})")
+    splits = DATASETS[name](root, image_size_for(name, image_size), download)
+    for part, images in (("train", splits.train), ("test", splits.test)):
+        if len(images.classes) < 2:
+            raise DatasetError(f"{root}: the {part} split of {name!r} has {len(images.classes)} class; expected at least 2")
+    return splits
+
+
+# ----------------------------------------------------------------------------- splits
+def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the training classes into (fit classes, validation classes), seeded.
+
+    The split depends only on the classes, the fraction and ``seed`` (not on a
+    trial's training seed), so every trial of a study is scored on the same
+    validation classes.
+    """
+    classes = np.unique(labels)
+    n_val = int(round(val_fraction * len(classes)))
+    if n_val < 2 or len(classes) - n_val < 2:
+        raise DatasetError(
+            f"val_fraction={val_fraction} of {len(classes)} training classes leaves {n_val} validation and "
+            f"{len(classes) - n_val} fit classes; expected at least 2 of each"
+        )
+    order = np.random.default_rng(seed).permutation(classes)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+# ----------------------------------------------------------------------------- transforms
+def normalization_stats(kind: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return ((0.5,), (0.5,)) if kind == "characters" else (IMAGENET_MEAN, IMAGENET_STD)
+
+
+def to_tensor(array: np.ndarray, kind: str) -> torch.Tensor:
+    """uint8 image (H, W) or (H, W, C) -> float tensor (C, H, W) in [0, 1]; characters inverted (ink = 1)."""
+    if kind == "characters":
+        if array.ndim == 3:
+            array = np.asarray(Image.fromarray(array[..., :3] if array.shape[-1] >= 3 else array[..., 0]).convert("L"))
+        return torch.from_numpy(255 - np.ascontiguousarray(array)).float().div_(255).unsqueeze(0)
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    elif array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    elif array.shape[-1] == 4:
+        array = array[..., :3]
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().div_(255)
+
+
+def train_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Light affine jitter for characters; random resized crop + flip for photos."""
+    mean, std = normalization_stats(kind)
+    if kind == "characters":
+        steps = [
+            v2.Resize((image_size, image_size), antialias=True),
+            v2.RandomAffine(degrees=10, translate=(0.08, 0.08), scale=(0.9, 1.1), shear=5),
+        ]
+    else:
+        steps = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+    return v2.Compose([*steps, v2.Normalize(mean, std)])
+
+
+def eval_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Resize (+ centre crop for photos, from 256/224 of the size as in the papers)."""
+    mean, std = normalization_stats(kind)
+    if kind == "characters":
+        steps = [v2.Resize((image_size, image_size), antialias=True)]
+    else:
+        steps = [v2.Resize(int(round(image_size * 256 / 224)), antialias=True), v2.CenterCrop(image_size)]
+    return v2.Compose([*steps, v2.Normalize(mean, std)])
+
+
+def preprocess_batch(images: np.ndarray, kind: str, image_size: int) -> torch.Tensor:
+    """uint8 images (N, H, W) or (N, H, W, C) of any size -> normalized (N, C, S, S) float tensor."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim not in (3, 4):
+        raise ValueError(f"expected a uint8 array of shape (N, H, W) or (N, H, W, C), got {images.dtype} {images.shape}")
+    transform = eval_transform(kind, image_size)
+    return torch.stack([transform(to_tensor(image, kind)) for image in images])
+
+
+class TorchImages(torch.utils.data.Dataset):
+    """An ImageSet as a torch Dataset of (image (C, S, S), label index) pairs.
+
+    ``label_index`` maps dataset class ids to 0..num_classes-1 for the classifier.
+    """
+
+    def __init__(self, images: ImageSet, transform: Callable, label_index: dict[int, int] | None = None):
+        self.images, self.transform = images, transform
+        self.label_index = label_index
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        label = int(self.images.labels[i])
+        if self.label_index is not None:
+            label = self.label_index[label]
+        return self.transform(to_tensor(self.images.load(i), self.images.kind)), label

@@ -1,0 +1,308 @@
+"""Training and evaluation: ``train_one_epoch``, ``evaluate`` and ``fit``.
+
+``fit(config, on_epoch)`` trains a :class:`TrainConfig` for ``epochs`` epochs
+and calls ``on_epoch(epoch, metrics, state)`` after each (epoch counted from
+1), where ``metrics`` is a flat dict of prefixed values and ``state.bundle()``
+gives a checkpoint bundle to resume from. Two modes follow DESIGN.md's
+protocol: ``study`` trains on the fit classes and evaluates on the validation
+classes (``val_*``); ``final`` trains on all training classes and evaluates on
+the test classes (``test_*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import schedule
+from .checkpoint import rng_state, set_rng_state
+from .config import ConfigError, TrainConfig
+from .data import DatasetSplits, ImageSet, TorchImages, eval_transform, image_size_for, load_dataset, split_classes, train_transform
+from .losses import HeatedSoftmaxLoss, build_loss
+from .metrics import evaluate_embeddings
+from .models import EmbeddingNet
+from .sampler import ClassBatchSampler
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _autocast(device: torch.device):
+    # bf16 autocast on CUDA; full precision on the CPU
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader,
+    device: torch.device,
+    *,
+    epoch: int = 0,
+) -> dict[str, float]:
+    """One pass over ``loader``; returns train_loss, train_accuracy (+ mean_proxy_norm for softmax)."""
+    model.train()
+    loss_fn.train()
+    total = count = 0.0
+    accuracy = proxy = 0.0
+    data_time = compute_time = 0.0
+    tick = time.perf_counter()
+    for step, (images, labels) in enumerate(loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        start = time.perf_counter()
+        data_time += start - tick
+        with _autocast(device):
+            embeddings = model(images)
+        loss = loss_fn(embeddings.float(), labels)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"non-finite loss ({float(loss)}) at epoch {epoch + 1}, step {step + 1}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        n = len(labels)
+        total += float(loss.detach()) * n
+        count += n
+        accuracy += loss_fn.stats["accuracy"] * n
+        proxy += loss_fn.stats.get("mean_proxy_norm", 0.0) * n
+        tick = time.perf_counter()
+        compute_time += tick - start
+    metrics = {
+        "train_loss": total / max(count, 1),
+        "train_accuracy": accuracy / max(count, 1),
+        "time_data_s": data_time,
+        "time_compute_s": compute_time,
+    }
+    if isinstance(loss_fn, HeatedSoftmaxLoss):
+        metrics["mean_proxy_norm"] = proxy / max(count, 1)
+    return metrics
+
+
+@torch.no_grad()
+def embed(model: nn.Module, images: ImageSet, image_size: int, device: torch.device, *, batch_size: int = 256, num_workers: int = 0) -> torch.Tensor:
+    """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation."""
+    model.eval()
+    loader = torch.utils.data.DataLoader(
+        TorchImages(images, eval_transform(images.kind, image_size)), batch_size=batch_size, num_workers=num_workers
+    )
+    out = []
+    for batch, _ in loader:
+        with _autocast(device):
+            out.append(model(batch.to(device, non_blocking=True)).float().cpu())
+    return torch.cat(out)
+
+
+def evaluate(
+    model: nn.Module,
+    images: ImageSet,
+    image_size: int,
+    device: torch.device,
+    *,
+    prefix: str,
+    ks: tuple[int, ...] = (1, 2, 4, 8),
+    gallery: ImageSet | None = None,
+    seed: int = 0,
+    num_workers: int = 0,
+) -> dict[str, float]:
+    """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``).
+
+    Keys carry ``prefix``: ``{prefix}_recall_at_1``, ``{prefix}_nmi``, ``{prefix}_map_at_r``, ...
+    """
+    queries = embed(model, images, image_size, device, num_workers=num_workers)
+    kwargs: dict[str, Any] = {}
+    if gallery is not None:
+        kwargs = {"gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers), "gallery_labels": gallery.labels}
+    metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
+    return {f"{prefix}_{name}": value for name, value in metrics.items()}
+
+
+@dataclass
+class Run:
+    """Everything one training run holds; ``bundle()`` is its checkpoint."""
+
+    config: TrainConfig
+    device: torch.device
+    model: EmbeddingNet
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: ClassBatchSampler
+    train_set: ImageSet
+    eval_set: ImageSet
+    gallery: ImageSet | None
+    image_size: int
+    prefix: str
+    recall_ks: tuple[int, ...]
+    classes: list[int]
+    epoch: int = 0  # epochs completed
+    metrics: dict[str, float] = field(default_factory=dict)  # of the last epoch
+
+    def bundle(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "epoch": self.epoch,
+            "model": self.model.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "num_classes": len(self.classes),
+            "classes": list(self.classes),
+            "kind": self.train_set.kind,
+            "image_size": self.image_size,
+            "in_channels": in_channels(self.train_set.kind),
+        }
+
+    def restore(self, bundle: dict[str, Any]) -> None:
+        self.model.load_state_dict(bundle["model"])
+        self.loss_fn.load_state_dict(bundle["loss"])
+        self.optimizer.load_state_dict(bundle["optimizer"])
+        self.sampler.load_state_dict(bundle["sampler"])
+        set_rng_state(bundle["rng"])
+        self.epoch = int(bundle["epoch"])
+
+
+def in_channels(kind: str) -> int:
+    return 1 if kind == "characters" else 3
+
+
+def build_model(config: TrainConfig, kind: str, image_size: int) -> EmbeddingNet:
+    return EmbeddingNet(
+        config.backbone,
+        config.embedding_dim,
+        config.normalization,
+        in_channels=in_channels(kind),
+        image_size=image_size,
+        pretrained=config.pretrained,
+        dropout=config.dropout,
+    )
+
+
+def build_run(
+    config: TrainConfig,
+    *,
+    mode: str = "study",
+    data_root: str | None = None,
+    splits: DatasetSplits | None = None,
+    device: torch.device | None = None,
+    download: bool = False,
+) -> Run:
+    """Data, model, loss, optimizer and sampler of ``config`` (seeded)."""
+    if mode not in ("study", "final"):
+        raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
+    device = device or default_device()
+    seed_everything(config.seed)
+    splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
+    image_size = image_size_for(config.dataset, config.image_size)
+    if mode == "study":
+        fit_classes, val_classes = split_classes(splits.train.labels, config.val_fraction)
+        train_set, eval_set, gallery, prefix = splits.train.with_classes(fit_classes), splits.train.with_classes(val_classes), None, "val"
+    else:
+        train_set, eval_set, gallery, prefix = splits.train, splits.test, splits.gallery, "test"
+    classes = [int(c) for c in train_set.classes]
+    if config.classes_per_batch > len(classes):
+        raise ConfigError(
+            f"config: classes_per_batch={config.classes_per_batch} is larger than the {len(classes)} "
+            f"{'fit' if mode == 'study' else 'training'} classes of {config.dataset!r}; expected at most {len(classes)}"
+        )
+    model = build_model(config, train_set.kind, image_size).to(device)
+    loss_fn = build_loss(config, len(classes)).to(device)
+    new_ids = {id(p) for layer in model.new_layers() for p in layer.parameters()}
+    base = [p for p in model.parameters() if id(p) not in new_ids]
+    new = [p for p in model.parameters() if id(p) in new_ids] + list(loss_fn.parameters())
+    groups = schedule.param_groups(base, new, config)
+    if config.optimizer == "sgd":
+        optimizer = torch.optim.SGD(groups, momentum=config.momentum, weight_decay=config.weight_decay)
+    elif config.optimizer == "adam":
+        optimizer = torch.optim.Adam(groups, weight_decay=config.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
+    sampler = ClassBatchSampler(train_set.labels, config.classes_per_batch, config.samples_per_class, seed=config.seed)
+    return Run(config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes)
+
+
+OnEpoch = Callable[[int, dict[str, float], Run], None]
+
+
+def fit(
+    config: TrainConfig,
+    on_epoch: OnEpoch | None = None,
+    *,
+    mode: str = "study",
+    data_root: str | None = None,
+    splits: DatasetSplits | None = None,
+    device: torch.device | None = None,
+    resume: dict[str, Any] | None = None,
+    eval_every: int = 1,
+    num_workers: int = 0,
+    download: bool = False,
+) -> Run:
+    """Train ``config`` to its last epoch; returns the run (``run.metrics``: the last epoch's).
+
+    ``resume`` is a bundle from ``Run.bundle()``: training continues after its
+    epoch with the same model, optimizer, sampler and RNG states. Evaluation
+    runs every ``eval_every`` epochs and always after the last.
+    """
+    run = build_run(config, mode=mode, data_root=data_root, splits=splits, device=device, download=download)
+    if resume is not None:
+        run.restore(resume)
+    label_index = {c: i for i, c in enumerate(run.classes)}
+    dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size), label_index)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=run.sampler,
+        num_workers=num_workers,
+        pin_memory=run.device.type == "cuda",
+        persistent_workers=num_workers > 0,
+    )
+    while run.epoch < config.epochs:
+        epoch = run.epoch
+        started = time.perf_counter()
+        alpha = schedule.alpha_at(config, epoch)
+        if isinstance(run.loss_fn, HeatedSoftmaxLoss):
+            run.loss_fn.heat.fill_(alpha / config.alpha)
+        lr = schedule.set_lr(run.optimizer, schedule.lr_factor_at(config, epoch))
+        run.sampler.set_epoch(epoch)
+        metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch)
+        metrics["lr"] = lr
+        if isinstance(run.loss_fn, HeatedSoftmaxLoss):
+            metrics["alpha"] = run.loss_fn.current_alpha
+        metrics["time_train_s"] = time.perf_counter() - started
+        run.epoch = epoch + 1
+        if run.epoch % eval_every == 0 or run.epoch == config.epochs:
+            tick = time.perf_counter()
+            metrics.update(
+                evaluate(run.model, run.eval_set, run.image_size, run.device, prefix=run.prefix, ks=run.recall_ks, gallery=run.gallery, seed=config.seed, num_workers=num_workers)
+            )
+            metrics["time_eval_s"] = time.perf_counter() - tick
+        metrics["epoch"] = run.epoch
+        metrics["time_epoch_s"] = time.perf_counter() - started
+        if not math.isfinite(metrics["train_loss"]):
+            raise TrainingDiverged(f"non-finite train_loss at epoch {run.epoch}")
+        log.info("epoch %d/%d %s", run.epoch, config.epochs, {k: round(v, 4) for k, v in metrics.items()})
+        run.metrics = metrics
+        if on_epoch is not None:
+            on_epoch(run.epoch, metrics, run)
+    return run

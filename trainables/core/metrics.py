@@ -1,0 +1,443 @@
+"""Retrieval and clustering metrics for embeddings: Recall@K, MAP@R, R-precision, NMI.
+
+Everything here works on plain arrays (numpy or torch) and uses faiss for the
+nearest-neighbour search and k-means; it never imports ray, optuna or mlflow.
+
+Embeddings are l2-normalized inside every public function, so cosine similarity
+is the inner product and the search is an exact ``faiss.IndexFlatIP``.
+
+Two evaluation modes:
+
+* **self-retrieval** (CUB-200, Cars-196, SOP, Omniglot): every item queries all
+  other items of the same set; the query itself is excluded from its neighbours.
+* **query/gallery** (In-shop): ``embeddings`` are the queries and
+  ``gallery_embeddings`` the items searched; nothing is excluded.
+
+Metrics (as in Musgrave et al., "A Metric Learning Reality Check", 2020, and
+pytorch-metric-learning's ``AccuracyCalculator``):
+
+* ``recall_at_{K}``: fraction of queries with at least one same-label item among
+  their K nearest neighbours (the retrieval "Recall@K" of the DML literature; for
+  K = 1 it equals precision@1).
+* ``r_precision``: for a query whose label has R relevant items available
+  (self mode: class size - 1; query/gallery mode: gallery items of that label),
+  the fraction of same-label items among its R nearest neighbours.
+* ``map_at_r``: ``(1/R) * sum_{i=1..R} P(i) * rel(i)``, where ``P(i)`` is the
+  precision among the i nearest neighbours and ``rel(i)`` is 1 when the i-th
+  neighbour has the query's label.
+* ``nmi``: normalized mutual information (arithmetic mean normalization) between
+  the labels and the assignments of a faiss k-means with one centroid per label,
+  averaged over several seeds.
+
+Queries with R = 0 (a singleton class in self mode, or a query label absent from
+the gallery) are excluded from *all* retrieval metrics, as in
+pytorch-metric-learning (its "lone query labels"). When every query is such a
+query the retrieval metrics are undefined: they are NaN and a warning is logged
+(pytorch-metric-learning 2.x also returns NaN then).
+
+Memory: the neighbour search processes ``chunk_size`` queries at a time and keeps
+only ``k`` neighbours per query, so it grows with ``N x k``, never ``N x N``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import faiss
+import numpy as np
+import torch
+from sklearn.metrics import normalized_mutual_info_score
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["knn", "retrieval_metrics", "nmi", "evaluate_embeddings"]
+
+ArrayLike = Any  # numpy array, torch tensor, or anything np.asarray accepts
+
+
+# -- input conversion ----------------------------------------------------------------------
+
+
+def _as_float_matrix(x: ArrayLike, name: str) -> np.ndarray:
+    """Return ``x`` as a C-contiguous float32 array of shape (N, D), N >= 1, D >= 1, finite."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().to(torch.float32).numpy()
+    arr = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (N, D), got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape}); need at least one row")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} has zero dimensions (shape {arr.shape})")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def _as_labels(y: ArrayLike, name: str, n: int, embeddings_name: str) -> np.ndarray:
+    """Return ``y`` as an int64 array of shape (n,)."""
+    if isinstance(y, torch.Tensor):
+        y = y.detach().cpu().numpy()
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array (N,), got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(
+            f"{name} has {arr.shape[0]} entries but {embeddings_name} has {n} rows; "
+            "they must match"
+        )
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` (N, D) divided by ``max(||row||, 1e-12)``; float32, C-contiguous."""
+    norms = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    out = x / np.maximum(norms, 1e-12)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _check_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
+    ks = tuple(ks)
+    if not ks:
+        raise ValueError("ks must name at least one K for Recall@K")
+    return tuple(_check_positive_int(k, f"every K in ks (ks={ks!r})") for k in ks)
+
+
+# -- nearest neighbours ----------------------------------------------------------------------
+
+
+def _search(
+    queries: np.ndarray,
+    index: faiss.Index,
+    k: int,
+    self_ids: np.ndarray | None,
+    chunk_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest gallery items of each query, searched ``chunk_size`` queries at a time.
+
+    queries: (Nq, D) float32 C-contiguous; index: a faiss index over the gallery (Ng rows);
+    self_ids: None, or (Nq,) int64 gallery row of each query, to be excluded from its result.
+    Returns (similarities (Nq, k) float32, indices (Nq, k) int64).
+    """
+    nq = queries.shape[0]
+    sims = np.empty((nq, k), dtype=np.float32)
+    ids = np.empty((nq, k), dtype=np.int64)
+    k_search = k + 1 if self_ids is not None else k
+    for start in range(0, nq, chunk_size):
+        stop = min(start + chunk_size, nq)
+        s, i = index.search(queries[start:stop], k_search)
+        if self_ids is not None:
+            drop = i == self_ids[start:stop, None]
+            # Exact ties can push the query itself out of the k + 1 results; then every
+            # result is another item and the last one goes.
+            missing = ~drop.any(axis=1)
+            drop[missing, -1] = True
+            # A row can hold its own id at most once, so exactly one True per row.
+            keep = ~drop
+            s = s[keep].reshape(stop - start, k)
+            i = i[keep].reshape(stop - start, k)
+        sims[start:stop] = s
+        ids[start:stop] = i
+    return sims, ids
+
+
+def knn(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    k: int,
+    *,
+    exclude_self: bool,
+    chunk_size: int = 4096,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product k nearest neighbours with faiss (``IndexFlatIP``).
+
+    Args:
+        queries: (Nq, D) float array (numpy or torch); used as given (not normalized).
+        gallery: (Ng, D) float array searched for each query.
+        k: neighbours per query, 1 <= k <= Ng (Ng - 1 with ``exclude_self``).
+        exclude_self: ``queries`` is ``gallery`` in the same row order, and each query's own
+            row is removed from its neighbours. k + 1 neighbours are searched and the position
+            holding the query's own index is dropped; when exact ties keep the query out of
+            the k + 1 results, the last column is dropped instead.
+        chunk_size: queries searched per faiss call; memory is O(Nq * k), never O(Nq * Ng).
+
+    Returns:
+        (similarities (Nq, k) float32, indices (Nq, k) int64 rows of ``gallery``), each row
+        sorted by decreasing similarity.
+    """
+    q = _as_float_matrix(queries, "queries")
+    g = _as_float_matrix(gallery, "gallery")
+    if q.shape[1] != g.shape[1]:
+        raise ValueError(
+            f"queries have dimension {q.shape[1]} but gallery has dimension {g.shape[1]}"
+        )
+    k = _check_positive_int(k, "k")
+    chunk_size = _check_positive_int(chunk_size, "chunk_size")
+    self_ids = None
+    available = g.shape[0]
+    if exclude_self:
+        if q.shape[0] != g.shape[0]:
+            raise ValueError(
+                "exclude_self needs queries and gallery to be the same set in the same order, "
+                f"got {q.shape[0]} queries and {g.shape[0]} gallery rows"
+            )
+        self_ids = np.arange(q.shape[0], dtype=np.int64)
+        available -= 1
+    if k > available:
+        raise ValueError(
+            f"k={k} exceeds the {available} gallery items available per query"
+            + (" (gallery size minus the query itself)" if exclude_self else "")
+        )
+    index = faiss.IndexFlatIP(g.shape[1])
+    index.add(g)
+    return _search(q, index, k, self_ids, chunk_size)
+
+
+# -- retrieval metrics -----------------------------------------------------------------------
+
+
+def retrieval_metrics(
+    embeddings: ArrayLike,
+    labels: ArrayLike,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    *,
+    gallery_embeddings: ArrayLike | None = None,
+    gallery_labels: ArrayLike | None = None,
+    chunk_size: int = 4096,
+) -> dict[str, float]:
+    """Recall@K for each K in ``ks``, MAP@R and R-precision of cosine-similarity retrieval.
+
+    Args:
+        embeddings: (N, D) float (numpy or torch); l2-normalized here. The queries, and in
+            self-retrieval mode (no gallery) also the items searched, each query's own row
+            excluded.
+        labels: (N,) integer class labels of ``embeddings``.
+        ks: the K of each Recall@K.
+        gallery_embeddings: (Ng, D) float, or None for self-retrieval. When given, queries
+            search this gallery and nothing is excluded (In-shop protocol).
+        gallery_labels: (Ng,) integer labels of the gallery; given exactly when the gallery is.
+        chunk_size: queries per faiss search call.
+
+    Returns:
+        ``{"recall_at_{K}": ..., "map_at_r": ..., "r_precision": ...}`` as Python floats in
+        [0, 1]. R is the number of relevant items available to a query (self mode: its class
+        size - 1; query/gallery mode: gallery items of its label). Queries with R = 0 are left
+        out of every metric, as in pytorch-metric-learning; if no query has R > 0 every metric
+        is NaN (undefined) and a warning is logged.
+
+    One neighbour search with k = max(max(ks), max R) (capped at the gallery size, minus the
+    query itself in self mode): memory grows with N x k, never N x N.
+    """
+    ks = _check_ks(ks)
+    chunk_size = _check_positive_int(chunk_size, "chunk_size")
+    q = _l2_normalize(_as_float_matrix(embeddings, "embeddings"))
+    q_labels = _as_labels(labels, "labels", q.shape[0], "embeddings")
+
+    self_mode = gallery_embeddings is None
+    if self_mode != (gallery_labels is None):
+        raise ValueError("gallery_embeddings and gallery_labels must be given together")
+    if self_mode:
+        g, g_labels = q, q_labels
+    else:
+        g = _l2_normalize(_as_float_matrix(gallery_embeddings, "gallery_embeddings"))
+        g_labels = _as_labels(gallery_labels, "gallery_labels", g.shape[0], "gallery_embeddings")
+        if g.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"embeddings have dimension {q.shape[1]} but gallery_embeddings have "
+                f"dimension {g.shape[1]}"
+            )
+
+    # R per query: gallery items sharing its label (minus itself in self mode).
+    uniq, counts = np.unique(g_labels, return_counts=True)
+    pos = np.clip(np.searchsorted(uniq, q_labels), 0, len(uniq) - 1)
+    r = np.where(uniq[pos] == q_labels, counts[pos], 0).astype(np.int64)
+    if self_mode:
+        r -= 1
+    valid = np.flatnonzero(r > 0)
+
+    names = [f"recall_at_{k}" for k in ks] + ["map_at_r", "r_precision"]
+    if valid.size == 0:
+        logger.warning(
+            "no query has another item of its label to retrieve; retrieval metrics are NaN"
+        )
+        return {name: float("nan") for name in names}
+
+    available = g.shape[0] - (1 if self_mode else 0)
+    r_valid = r[valid]
+    k = min(max(max(ks), int(r_valid.max())), available)
+
+    index = faiss.IndexFlatIP(g.shape[1])
+    index.add(g)
+    queries = np.ascontiguousarray(q[valid])
+    _, nn = _search(queries, index, k, valid if self_mode else None, chunk_size)
+
+    rel = g_labels[nn] == q_labels[valid, None]  # (Nv, k) bool
+    out: dict[str, float] = {}
+    for kk in ks:
+        out[f"recall_at_{kk}"] = float(rel[:, : min(kk, k)].any(axis=1).mean())
+
+    # r_valid <= k always: R never exceeds the available gallery items.
+    cum = np.cumsum(rel, axis=1, dtype=np.int64)  # (Nv, k) hits among the first i
+    rows = np.arange(valid.size)
+    out["r_precision"] = float((cum[rows, r_valid - 1] / r_valid).mean())
+    ranks = np.arange(1, k + 1, dtype=np.float64)
+    within_r = ranks[None, :] <= r_valid[:, None]
+    precision_at_hits = np.where(rel & within_r, cum / ranks[None, :], 0.0)
+    out["map_at_r"] = float((precision_at_hits.sum(axis=1) / r_valid).mean())
+    return {name: out[name] for name in names}
+
+
+# -- clustering ------------------------------------------------------------------------------
+
+
+def nmi(
+    embeddings: ArrayLike,
+    labels: ArrayLike,
+    *,
+    n_runs: int = 3,
+    seed: int = 0,
+    niter: int = 20,
+) -> float:
+    """NMI between ``labels`` and faiss k-means clusters of the l2-normalized embeddings.
+
+    Args:
+        embeddings: (N, D) float (numpy or torch).
+        labels: (N,) integer labels; k-means uses one centroid per distinct label.
+        n_runs: k-means runs with seeds ``seed, seed + 1, ...``; their NMIs are averaged.
+        seed: seed of the first run.
+        niter: k-means iterations per run.
+
+    Returns:
+        Mean ``sklearn.metrics.normalized_mutual_info_score(labels, clusters,
+        average_method="arithmetic")`` over the runs, a float in [0, 1].
+
+    Each run seeds faiss's Lloyd iterations with greedy k-means++ centroids (drawn with
+    ``numpy.random.default_rng(run_seed)``) instead of faiss's default of k random points:
+    with random points several centroids often start in one class and none in another, and
+    the NMI of perfectly separated classes then often stays near 0.85. The seeding costs
+    about as much as a few Lloyd iterations (O(N * k * D * ln k)).
+    """
+    x = _l2_normalize(_as_float_matrix(embeddings, "embeddings"))
+    y = _as_labels(labels, "labels", x.shape[0], "embeddings")
+    n_runs = _check_positive_int(n_runs, "n_runs")
+    niter = _check_positive_int(niter, "niter")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    n, d = x.shape
+    n_clusters = int(np.unique(y).size)
+    # Train on every point: no subsampling above max_points_per_centroid * k, and no
+    # "please provide at least 39*k points" warning below min_points_per_centroid * k.
+    max_per_centroid = -(-n // n_clusters) + 1
+    scores = []
+    for run in range(n_runs):
+        run_seed = int(seed) + run
+        kmeans = faiss.Kmeans(
+            d,
+            n_clusters,
+            niter=niter,
+            seed=run_seed,
+            verbose=False,
+            min_points_per_centroid=1,
+            max_points_per_centroid=max_per_centroid,
+        )
+        init = _kmeans_plus_plus(x, n_clusters, np.random.default_rng(run_seed))
+        kmeans.train(x, init_centroids=init)
+        _, assignment = kmeans.index.search(x, 1)
+        scores.append(
+            normalized_mutual_info_score(y, assignment.ravel(), average_method="arithmetic")
+        )
+    return float(np.mean(scores))
+
+
+def _kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; as in scikit-learn).
+
+    x: (N, D) float32 with k <= N. Returns (k, D) float32 centroids. Each next centroid is
+    the best (lowest total squared distance to the nearest centroid) of ``2 + ln(k)``
+    candidate points, each drawn with probability proportional to its squared distance to
+    the nearest centroid chosen so far (uniformly when every point already coincides with a
+    centroid, i.e. duplicates). Memory O(N * ln k).
+    """
+    n = x.shape[0]
+    n_trials = 2 + int(np.log(k))
+    centroids = np.empty((k, x.shape[1]), dtype=np.float32)
+    sq_norms = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+
+    def sq_dist_to(ids: np.ndarray) -> np.ndarray:  # (len(ids), N)
+        dist = sq_norms - 2.0 * (x[ids] @ x.T).astype(np.float64) + sq_norms[ids, None]
+        return np.maximum(dist, 0.0)
+
+    first = int(rng.integers(n))
+    centroids[0] = x[first]
+    closest = sq_dist_to(np.array([first]))[0]
+    potential = closest.sum()
+    for c in range(1, k):
+        if potential > 0:
+            draws = rng.random(n_trials) * potential
+            candidates = np.searchsorted(np.cumsum(closest), draws, side="right")
+            candidates = np.minimum(candidates, n - 1)
+        else:
+            candidates = rng.integers(n, size=n_trials)
+        trial = np.minimum(closest, sq_dist_to(candidates))  # (n_trials, N)
+        potentials = trial.sum(axis=1)
+        best = int(np.argmin(potentials))
+        centroids[c] = x[candidates[best]]
+        closest = trial[best]
+        potential = potentials[best]
+    return centroids
+
+
+# -- everything ------------------------------------------------------------------------------
+
+
+def evaluate_embeddings(
+    embeddings: ArrayLike,
+    labels: ArrayLike,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    *,
+    gallery_embeddings: ArrayLike | None = None,
+    gallery_labels: ArrayLike | None = None,
+    nmi_runs: int = 3,
+    seed: int = 0,
+    chunk_size: int = 4096,
+) -> dict[str, float]:
+    """:func:`retrieval_metrics` plus ``"nmi"`` (see :func:`nmi`); keys carry no split prefix.
+
+    Args are those of :func:`retrieval_metrics`; ``nmi_runs`` and ``seed`` go to :func:`nmi`.
+    In query/gallery mode NMI is computed on the queries and the gallery together
+    ((N + Ng, D) embeddings, (N + Ng,) labels).
+    """
+    out = retrieval_metrics(
+        embeddings,
+        labels,
+        ks,
+        gallery_embeddings=gallery_embeddings,
+        gallery_labels=gallery_labels,
+        chunk_size=chunk_size,
+    )
+    if gallery_embeddings is None:
+        x, y = embeddings, labels
+    else:
+        # Inputs were validated by retrieval_metrics; convert them to stack them.
+        q = _as_float_matrix(embeddings, "embeddings")
+        g = _as_float_matrix(gallery_embeddings, "gallery_embeddings")
+        x = np.concatenate([q, g])
+        y = np.concatenate(
+            [
+                _as_labels(labels, "labels", q.shape[0], "embeddings"),
+                _as_labels(gallery_labels, "gallery_labels", g.shape[0], "gallery_embeddings"),
+            ]
+        )
+    out["nmi"] = nmi(x, y, n_runs=nmi_runs, seed=seed)
+    return out
+

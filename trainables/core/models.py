@@ -1,0 +1,169 @@
+"""Backbones, the embedding head and feature normalization.
+
+``EmbeddingNet`` = backbone -> (dropout) -> linear embedding -> feature
+normalization. The embedding head is FCR1 (a linear layer) or, with dropout,
+FCR2 of 001_df21db8a9bc1b516 (sec. 3). Feature normalization follows
+000_4178e6910e81cd2f sec. 3.3: ``none`` (SM), ``l2`` (LN) or ``bn`` (BN, eq. 7:
+batch norm without learned scale, divided by sqrt(d), so features have norm
+close to 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class WeightsError(ValueError):
+    """A pretrained weights file cannot be used; the message names the file."""
+
+
+class SmallCNN(nn.Module):
+    """Four conv(3x3)-BN-ReLU-maxpool blocks of 64 channels, for small grayscale images on a CPU.
+
+    (B, in_channels, S, S) -> (B, 64 * (S // 16) ** 2).
+    """
+
+    def __init__(self, in_channels: int = 1, width: int = 64, image_size: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for _ in range(4):
+            layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+            channels = width
+        self.features = nn.Sequential(*layers)
+        self.out_dim = width * max(1, image_size // 16) ** 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x).flatten(1)
+
+
+def _torchvision(name: str, imagenet: bool) -> tuple[nn.Module, int]:
+    import torchvision.models as tvm
+
+    builders = {
+        "resnet18": (tvm.resnet18, tvm.ResNet18_Weights.IMAGENET1K_V1),
+        "resnet50": (tvm.resnet50, tvm.ResNet50_Weights.IMAGENET1K_V2),
+        "googlenet": (tvm.googlenet, tvm.GoogLeNet_Weights.IMAGENET1K_V1),
+    }
+    build, weights = builders[name]
+    kwargs = {"weights": weights if imagenet else None}
+    if name == "googlenet":
+        # pretrained GoogLeNet expects ImageNet-normalized input already: no transform_input
+        kwargs.update(aux_logits=False, init_weights=not imagenet, transform_input=False)
+    net = build(**kwargs)
+    out_dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, out_dim
+
+
+class Backbone(nn.Module):
+    """A feature extractor; grayscale input is repeated to 3 channels for ImageNet backbones."""
+
+    def __init__(self, name: str, in_channels: int, image_size: int, pretrained: str) -> None:
+        super().__init__()
+        self.name = name
+        if name == "small_cnn":
+            self.net: nn.Module = SmallCNN(in_channels, image_size=image_size)
+            self.out_dim = self.net.out_dim
+            self.expand = False
+        else:
+            self.net, self.out_dim = _torchvision(name, pretrained == "imagenet")
+            self.expand = in_channels == 1
+        if pretrained not in ("none", "imagenet"):
+            load_weights(self.net, pretrained, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.expand:
+            x = x.expand(-1, 3, -1, -1)
+        return self.net(x)
+
+
+def load_weights(net: nn.Module, path: str, backbone: str) -> None:
+    """Load a plain state dict (optionally under 'state_dict' or 'model') into ``net`` strictly."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise WeightsError(f"{file}: pretrained weights file not found (config key 'pretrained')")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many kinds for corrupt or unsafe files
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WeightsError(f"{file}: not a loadable plain state dict ({first[:200]})") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{file}: expected a state dict of tensors for backbone {backbone!r}")
+    state = {k.removeprefix("module.").removeprefix("net."): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    result = net.load_state_dict(state, strict=False)
+    own = net.state_dict()
+    wrong = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if result.missing_keys or result.unexpected_keys or wrong:
+        detail = (wrong and f"shape mismatch at {wrong[0]}") or (result.missing_keys and f"missing {result.missing_keys[0]}") or f"unexpected {result.unexpected_keys[0]}"
+        raise WeightsError(f"{file}: does not fit backbone {backbone!r} ({detail})")
+
+
+class BNNormalize(nn.Module):
+    """Eq. 7 of 000_4178e6910e81cd2f: f_BN = BN(f) / sqrt(d), batch norm without learned scale.
+
+    Keeps the learned shift (as TF-slim's batch norm with scale=False does).
+    (B, d) -> (B, d) with norms close to 1.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim, affine=False)
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.scale = 1.0 / math.sqrt(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.bn(x) + self.bias) * self.scale
+
+
+class L2Normalize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=-1)
+
+
+NORMALIZATIONS: dict[str, Callable[[int], nn.Module]] = {
+    "none": lambda dim: nn.Identity(),
+    "l2": lambda dim: L2Normalize(),
+    "bn": BNNormalize,
+}
+
+
+class EmbeddingNet(nn.Module):
+    """images (B, C, S, S) -> features (B, embedding_dim), normalized as configured."""
+
+    def __init__(
+        self,
+        backbone: str,
+        embedding_dim: int,
+        normalization: str,
+        *,
+        in_channels: int = 3,
+        image_size: int = 224,
+        pretrained: str = "none",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.backbone = Backbone(backbone, in_channels, image_size, pretrained)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.embed = nn.Linear(self.backbone.out_dim, embedding_dim)
+        self.normalize = NORMALIZATIONS[normalization](embedding_dim)
+
+    def new_layers(self) -> list[nn.Module]:
+        """Layers the backbone did not have (they get lr x new_layer_lr_mult)."""
+        return [self.embed, self.normalize]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalize(self.embed(self.dropout(self.backbone(x))))
