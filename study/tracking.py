@@ -119,3 +119,24 @@ def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str) -
         if run.info.status == "RUNNING":
             client.set_tag(run_id, "failure_reason", reason[:5000])
             client.set_terminated(run_id, status="FAILED")
+
+
+# ----------------------------------------------------------------------------- studies
+def find_study_run(client: mlflow.MlflowClient, experiment_id: str, study_name: str):
+    """The parent run of ``study_name`` in the experiment, or None."""
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.study_name = '{study_name}' and tags.kind = 'study'", max_results=5
+    )
+    return runs[0] if runs else None
+
+
+def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, kind: str = "trial") -> list:
+    return client.search_runs(
+        [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and tags.kind = '{kind}'", max_results=10000
+    )
+
+
+def first_error_line(text: str | None) -> str:
+    """The most telling line of a traceback: its last non-empty line."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1][:1000] if lines else "unknown error"

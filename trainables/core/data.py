@@ -117,9 +117,11 @@ def read_image(path: str, kind: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- loaders
-def _need(path: Path, what: str) -> Path:
+def _need(path: Path, what: str, folder: bool = False) -> Path:
     if not path.exists():
         raise DatasetError(f"{path}: not found; expected {what}")
+    if folder and not path.is_dir():
+        raise DatasetError(f"{path}: not a folder; expected {what}")
     return path
 
 
@@ -144,10 +146,10 @@ def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...]
         base.mkdir(parents=True, exist_ok=True)
         log.info("downloading %s", OMNIGLOT_URL.format(name=name))
         urllib.request.urlretrieve(OMNIGLOT_URL.format(name=name), archive)
-    entries: list[tuple[str, Callable[[], bytes | str]]] = []
+    entries: list[tuple[str, str, Callable[[], bytes | str]]] = []
     if folder.is_dir():
         for path in sorted(folder.glob("*/*/*.png")):
-            entries.append((str(path.relative_to(folder)), lambda p=path: str(p)))
+            entries.append((str(path.relative_to(folder)), str(path), lambda p=path: str(p)))
         zf = None
     else:
         try:
@@ -155,15 +157,15 @@ def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...]
         except zipfile.BadZipFile:
             raise DatasetError(f"{archive}: not a readable zip file; expected Omniglot's {name}.zip") from None
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
-            if info.filename.endswith(".png"):
+            if info.filename.endswith(".png") and "/" in info.filename:
                 rel = info.filename.split("/", 1)[1]
-                entries.append((rel, lambda i=info: zf.read(i)))
+                entries.append((rel, f"{archive}:{info.filename}", lambda i=info: zf.read(i)))
     images, names = [], []
-    for rel, read in entries:
+    for rel, where, read in entries:
         parts = rel.split("/")
         if len(parts) != 3 or parts[0] in skip:
             continue
-        images.append(_resize_gray(read(), image_size, f"{archive}:{rel}"))
+        images.append(_resize_gray(read(), image_size, where))
         names.append(f"{parts[0]}/{parts[1]}")
     if zf is not None:
         zf.close()
@@ -295,7 +297,7 @@ def _folder_set(folder: Path) -> tuple[list[str], list[str]]:
 def load_folder(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
     splits = []
     for part in ("train", "test"):
-        paths, names = _folder_set(_need(root / part, f"a {part}/ folder with one sub-folder per class"))
+        paths, names = _folder_set(_need(root / part, f"a {part}/ folder with one sub-folder per class", folder=True))
         splits.append((paths, names))
     (train_p, train_n), (test_p, test_n) = splits
     shared = sorted(set(train_n) & set(test_n))
