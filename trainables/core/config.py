@@ -145,6 +145,8 @@ class TrainConfig:
             raise bad("seed", "an integer >= 0")
         if self.image_size != 0 and not 8 <= self.image_size <= 1024:
             raise bad("image_size", "0 (dataset default) or an integer in [8, 1024]")
+        if self.backbone == "small_cnn" and self.image_size != 0 and self.image_size < 16:
+            raise bad("image_size", "0 or at least 16 with backbone=small_cnn (it halves the size four times)")
         if not self.pretrained:
             raise bad("pretrained", "none, imagenet or the path of a local weights file")
         if self.backbone == "small_cnn" and self.pretrained == "imagenet":

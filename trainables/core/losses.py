@@ -112,7 +112,8 @@ def ice_terms(sim: torch.Tensor, labels: torch.Tensor, scale: float) -> tuple[to
         w_pos = one_minus_p / (2 * n_valid * total[:, None])  # eq. 13
         # sum_i p_hat(j|a,i) = exp(s f_a.f_j) * sum_i exp(-D[a, i]), eq. 12
         log_sum_inv = torch.logsumexp((-denom_log).masked_fill(~pos, minus_inf), dim=1)
-        w_neg = torch.exp(logits + log_sum_inv[:, None]) * neg / (2 * n_valid * total[:, None])  # eq. 14
+        # masked before exp: masked entries could overflow and inf * 0 would be NaN
+        w_neg = torch.exp((logits + log_sum_inv[:, None]).masked_fill(~neg, float("-inf"))) / (2 * n_valid * total[:, None])  # eq. 14
         grad = (w_neg - w_pos) * valid[:, None]
     return loss, grad
 
