@@ -20,7 +20,7 @@ from ray.tune import Callback
 
 from study.tracking import child_runs, first_error_line
 
-STRING_KEYS = ("node", "node_ip", "device")
+STRING_KEYS = ("node", "node_ip", "node_id", "device")
 SKIP_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "hostname", "date",
              "time_since_restore", "iterations_since_restore", "checkpoint_dir_name", "done", "trial_id", "config"}
 

@@ -55,12 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3, help="train this many seeds (config seed, +1, ...); report mean and spread (default 3)")
     parser.add_argument("--epochs", type=int, help="override the config's epochs (e.g. 2 for a smoke run)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
-    parser.add_argument("--experiment", default="final", help="MLflow experiment name (default: final)")
+    parser.add_argument("--study", help="retrain the best config of this study (its parent run's best_config.yaml); "
+                        "the seed runs become children of the study's parent run and the model is registered as NAME-embedding")
+    parser.add_argument("--experiment", help="MLflow experiment (default: final; with --study: dml-studies, as study.launch)")
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
     parser.add_argument("--register", metavar="NAME", help="register the first seed's model in the MLflow model registry under NAME")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)")
     args = parser.parse_args(argv)
+    if args.study and args.config:
+        parser.error("--study and --config exclude each other: retrain a study's best config or a config file")
+    if args.experiment is None:
+        args.experiment = "dml-studies" if args.study else "final"
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: expected an integer >= 1")
     if args.epochs is not None and args.epochs < 1:
@@ -127,33 +133,85 @@ def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: P
     return {"test": test, "time_s": elapsed, "model_uri": info.model_uri, "run_id": mlflow.active_run().info.run_id}
 
 
+def study_config(args: argparse.Namespace, uri: str) -> tuple[TrainConfig, str, str, str]:
+    """The best config of study ``args.study``: (config, name, experiment id, parent run id)."""
+    tracking.setup(uri, args.experiment)
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name(args.experiment)
+    parent = tracking.find_study_run(client, experiment.experiment_id, args.study)
+    if parent is None:
+        raise UsageError(f"--study {args.study}: no study of that name in MLflow experiment {args.experiment!r} at {uri}; "
+                         "expected the --study-name of a study.launch run (and its --experiment)")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="best_config.yaml",
+                                                       dst_path=tmp, tracking_uri=uri)
+        except mlflow.exceptions.MlflowException:
+            raise UsageError(f"--study {args.study}: the study has no best_config.yaml (no trial completed); "
+                             "expected a finished study with at least one complete trial") from None
+        values = tracking.read_yaml(path, "the study's best config")
+    if args.epochs is not None:
+        values = {**values, "epochs": args.epochs}
+    config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {args.study}")
+    return config, args.study, experiment.experiment_id, parent.info.run_id
+
+
 def run_final(args: argparse.Namespace) -> dict[str, Any]:
-    config, name = load_config(args.config, args.epochs)
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    if args.study:
+        config, name, experiment_id, study_parent = study_config(args, uri)
+    else:
+        config, name = load_config(args.config, args.epochs)
+        study_parent = None
     # everything that can be wrong with the input is checked before a run is created
     splits = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
     device = default_device() if args.device is None else __import__("torch").device(args.device)
     build_run(config, mode="final", splits=splits, device=device)
-    uri = tracking.resolve_tracking_uri(args.tracking_uri)
-    experiment_id = tracking.setup(uri, args.experiment)
+    if study_parent is None:
+        experiment_id = tracking.setup(uri, args.experiment)
+    client = mlflow.MlflowClient(uri)
     seeds = [config.seed + i for i in range(args.seeds)]
+    register = args.register or (f"{name}-embedding" if args.study else None)
     print(f"final training of {name}: {config.loss} on {config.dataset}, {config.epochs} epochs, seeds {seeds}, device {device}")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(
-        experiment_id=experiment_id, run_name=args.run_name or f"final-{name}", tags={**tracking.reproducibility_tags(), "kind": "final"}
-    ) as parent:
-        workdir = Path(tmp)
-        mlflow.log_params({k: v for k, v in config.to_dict().items() if k != "seed"} | {"seeds": ",".join(map(str, seeds))})
-        mlflow.log_artifact(str(tracking.write_yaml(workdir / "config.yaml", config.to_dict())))
-        for i, seed in enumerate(seeds):
-            seed_config = config.replace(seed=seed)
-            with mlflow.start_run(run_name=f"{name}-seed{seed}", nested=True, tags={"kind": "final_seed", "seed": str(seed)}):
-                mlflow.log_params(seed_config.to_dict())
-                results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, args.register if i == 0 else None))
-        summary = summarize([r["test"] for r in results])
-        summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
-        mlflow.log_metrics(summary)
-        mlflow.log_dict({"per_seed": results, "summary": summary}, "results.json")
-    return {"name": name, "config": config, "uri": uri, "parent_run_id": parent.info.run_id, "results": results, "summary": summary}
+    if study_parent is None:
+        parent_id = client.create_run(experiment_id, run_name=args.run_name or f"final-{name}",
+                                      tags={**tracking.reproducibility_tags(), "kind": "final"}).info.run_id
+        client.log_batch(parent_id, params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items() if k != "seed"]
+                         + [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))])
+    else:
+        parent_id = study_parent
+    prefix = "final_" if study_parent else ""
+    results: list[dict[str, Any]] = []
+    seed_runs: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            client.log_artifact(parent_id, str(tracking.write_yaml(workdir / f"{prefix}config.yaml", config.to_dict())))
+            for i, seed in enumerate(seeds):
+                seed_config = config.replace(seed=seed)
+                tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(seed), "mlflow.parentRunId": parent_id}
+                if args.study:
+                    tags["study_name"] = args.study
+                with mlflow.start_run(experiment_id=experiment_id, run_name=f"final-{name}-seed{seed}", tags=tags) as run:
+                    seed_runs.append(run.info.run_id)
+                    mlflow.log_params(seed_config.to_dict())
+                    results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, register if i == 0 else None))
+            summary = summarize([r["test"] for r in results])
+            summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
+            for key, value in summary.items():
+                client.log_metric(parent_id, prefix + key, value)
+            client.log_dict(parent_id, {"per_seed": results, "summary": summary}, f"{prefix}results.json")
+    except BaseException as error:
+        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else tracking.first_error_line(str(error))
+        tracking.fail_orphans(client, seed_runs, reason)
+        if study_parent is None:
+            client.set_tag(parent_id, "failure_reason", reason)
+            client.set_terminated(parent_id, status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    if study_parent is None:
+        client.set_terminated(parent_id, status="FINISHED")
+    return {"name": name, "config": config, "uri": uri, "parent_run_id": parent_id, "results": results, "summary": summary,
+            "registered": register}
 
 
 def print_summary(outcome: dict[str, Any]) -> None:
@@ -166,6 +224,8 @@ def print_summary(outcome: dict[str, Any]) -> None:
     print(f"\nparent run: {outcome['parent_run_id']}")
     for r in outcome["results"]:
         print(f"  model: {r['model_uri']}  (run {r['run_id']})")
+    if outcome["registered"]:
+        print(f"  registered as: models:/{outcome['registered']}/latest")
     print(f"\nopen the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
 
 

@@ -7,8 +7,9 @@ l2-normalized float32 embeddings (N, d).
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import numpy as np
@@ -36,7 +37,7 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
         self.model.load_state_dict(bundle["model"])
         self.model.eval()
 
-    def predict(self, context, model_input: Any, params: dict | None = None) -> np.ndarray:
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would infer a list signature
         images = np.asarray(model_input)
         out = []
         with torch.no_grad():
@@ -53,6 +54,18 @@ def log_embedding_model(run: Run, workdir: Path, name: str = "model", registered
     bundle = {k: v for k, v in run.bundle().items() if k not in ("optimizer", "rng", "sampler", "loss")}
     path = save_bundle(bundle, workdir / "embedding_model.pt")
     code = [str(Path(trainables.__file__).parent), str(Path(study.__file__).parent)]
+    quiet = logging.getLogger("mlflow.pyfunc")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its notice about cloudpickle: the class is importable code shipped in code_paths
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return _log(name, path, code, registered_model_name)
+    finally:
+        quiet.setLevel(level)
+
+
+def _log(name: str, path: Path, code: list[str], registered_model_name: str | None):
     return mlflow.pyfunc.log_model(
         name=name,
         python_model=EmbeddingModel(),

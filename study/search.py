@@ -109,6 +109,8 @@ class OptunaSearcher(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
+        if result:
+            self.on_trial_result(trial_id, result)  # Tune hands the last result only to on_trial_complete
         number = self.numbers[trial_id]
         frozen = self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number))
         if frozen.state.is_finished():

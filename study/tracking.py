@@ -19,6 +19,7 @@ import mlflow
 import yaml
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 class UsageError(ValueError):

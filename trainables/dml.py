@@ -48,7 +48,8 @@ def train_dml(
     torch.set_num_threads(cpus)
     if device is None:
         device = "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
-    where = {"node": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(), "device": device}
+    where = {"node": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(),
+             "node_id": ray.get_runtime_context().get_node_id(), "device": device}
 
     resume = None
     checkpoint = tune.get_checkpoint()

@@ -317,19 +317,19 @@ def synthetic_glyphs(num_classes: int, per_class: int, size: int, seed: int) -> 
     a light ground, like Omniglot) and labels (N,).
     """
     rng = np.random.default_rng(seed)
-    grid = np.stack(np.meshgrid(np.arange(size), np.arange(size), indexing="ij"), -1).astype(np.float32)
+    t = np.linspace(0, 1, 3 * size)[:, None]
     images, labels = [], []
     for c in range(num_classes):
         points = rng.uniform(0.2 * size, 0.8 * size, size=(4, 2))
         for _ in range(per_class):
-            jittered = points + rng.normal(0, 0.04 * size, size=points.shape)
-            ink = np.zeros((size, size), np.float32)
-            for a, b in zip(jittered[:-1], jittered[1:]):
-                t = np.linspace(0, 1, 2 * size)[:, None]
-                segment = a + t * (b - a)
-                d = np.min(np.linalg.norm(grid[:, :, None, :] - segment[None, None], axis=-1), axis=-1)
-                ink = np.maximum(ink, np.clip(1.5 - d, 0, 1))
-            ink = np.clip(ink + rng.normal(0, 0.05, ink.shape), 0, 1)
+            jittered = points + rng.normal(0, 0.09 * size, size=points.shape)
+            line = np.concatenate([a + t * (b - a) for a, b in zip(jittered[:-1], jittered[1:])])
+            rows, cols = np.clip(np.round(line).astype(int), 0, size - 1).T
+            ink = np.zeros((size + 2, size + 2), np.float32)
+            ink[rows + 1, cols + 1] = 1.0
+            # thicken the one-pixel stroke with a 3 x 3 max filter
+            ink = np.max([ink[1 + dy : size + 1 + dy, 1 + dx : size + 1 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)
+            ink = np.clip(ink + rng.normal(0, 0.15, ink.shape), 0, 1)
             images.append((255 * (1 - ink)).astype(np.uint8))
             labels.append(c)
     return np.stack(images), np.asarray(labels, dtype=np.int64)
