@@ -160,13 +160,14 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     if args.study:
         config, name, experiment_id, study_parent = study_config(args, uri)
+        source = f"best_config.yaml of study {args.study}"
     else:
         config, name = load_config(args.config, args.epochs)
-        study_parent = None
+        study_parent, source = None, args.config or f"configs/{DEFAULT_CONFIG}"
     # everything that can be wrong with the input is checked before a run is created
     splits = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
     device = default_device() if args.device is None else __import__("torch").device(args.device)
-    build_run(config, mode="final", splits=splits, device=device)
+    build_run(config, mode="final", splits=splits, device=device, source=source)
     if study_parent is None:
         experiment_id = tracking.setup(uri, args.experiment)
     client = mlflow.MlflowClient(uri)

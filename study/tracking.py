@@ -8,6 +8,7 @@ e.g. at the MLflow server of a cluster's head node.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import subprocess
@@ -20,6 +21,8 @@ import yaml
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+for _name in ("mlflow", "alembic"):  # their INFO lines (database migrations) are not for the user
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 class UsageError(ValueError):

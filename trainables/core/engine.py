@@ -208,8 +208,9 @@ def build_run(
     splits: DatasetSplits | None = None,
     device: torch.device | None = None,
     download: bool = False,
+    source: str = "config",
 ) -> Run:
-    """Data, model, loss, optimizer and sampler of ``config`` (seeded)."""
+    """Data, model, loss, optimizer and sampler of ``config`` (seeded); ``source`` names the config in errors."""
     if mode not in ("study", "final"):
         raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
     device = device or default_device()
@@ -224,7 +225,7 @@ def build_run(
     classes = [int(c) for c in train_set.classes]
     if config.classes_per_batch > len(classes):
         raise ConfigError(
-            f"config: classes_per_batch={config.classes_per_batch} is larger than the {len(classes)} "
+            f"{source}: classes_per_batch={config.classes_per_batch} is larger than the {len(classes)} "
             f"{'fit' if mode == 'study' else 'training'} classes of {config.dataset!r}; expected at most {len(classes)}"
         )
     model = build_model(config, train_set.kind, image_size).to(device)

@@ -1,0 +1,32 @@
+"""Shared fixtures: the real Omniglot data root when it is beside the checkout, fresh run folders."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def omniglot_root() -> Path | None:
+    """The data root holding omniglot/ ($DML_DATA_ROOT, else ../shared/data), or None."""
+    for candidate in (os.environ.get("DML_DATA_ROOT"), ROOT.parent / "shared" / "data"):
+        if candidate and (Path(candidate) / "omniglot" / "images_background_small1.zip").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch) -> Path:
+    """A fresh runs folder (MLflow store, Optuna journal, Ray storage) for one test."""
+    folder = tmp_path / "runs"
+    monkeypatch.setenv("DML_RUNS_DIR", str(folder))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return folder
+
+
+def python() -> str:
+    return sys.executable

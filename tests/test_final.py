@@ -1,0 +1,203 @@
+"""study.final end to end: MLflow records, the pyfunc model, and bad input (exit 2, nothing left RUNNING)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from study import final
+from tests.conftest import ROOT, omniglot_root
+
+TINY = {"dataset": "synthetic", "epochs": 2, "classes_per_batch": 8, "samples_per_class": 2, "embedding_dim": 16,
+        "heating": "two_stage", "normalization": "bn", "alpha": 16.0, "heating_target": 4.0}
+
+
+def write_config(path, **changes):
+    path.write_text(yaml.safe_dump({**TINY, **changes}))
+    return path
+
+
+def all_runs(uri):
+    client = mlflow.MlflowClient(uri)
+    experiments = client.search_experiments()
+    return client, client.search_runs([e.experiment_id for e in experiments]) if experiments else []
+
+
+def test_core_imports_no_ray_optuna_mlflow():
+    code = ("import sys, trainables.core, trainables.core.engine, trainables.core.metrics, trainables.core.data, "
+            "trainables.core.checkpoint; print([m for m in ('ray', 'optuna', 'mlflow') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys):
+    config = write_config(tmp_path / "tiny.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert final.main(["--config", str(config), "--seeds", "2", "--tracking-uri", uri, "--experiment", "e"]) == 0
+    out = capsys.readouterr().out
+    assert f"mlflow ui --backend-store-uri {uri}" in out
+    assert "epoch   2/2" in out
+
+    client, found = all_runs(uri)
+    parents = [r for r in found if r.data.tags.get("kind") == "final"]
+    seeds = [r for r in found if r.data.tags.get("kind") == "final_seed"]
+    assert len(parents) == 1 and len(seeds) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in seeds} == {parent.info.run_id}
+    assert sorted(int(r.data.params["seed"]) for r in seeds) == [0, 1]
+    per_seed = []
+    for run in seeds:
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "train_loss")
+        assert sorted(m.step for m in history) == [1, 2]  # one value per epoch, step = epoch
+        assert 0.0 <= run.data.metrics["test_recall_at_1"] <= 1.0
+        per_seed.append(run.data.metrics["test_recall_at_1"])
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert any(p.startswith("similarity_histogram") and p.endswith(".png") for p in artifacts)
+        assert run.data.params["normalization"] == "bn"
+    # the parent's mean and spread are those of the seeds' test metrics
+    assert parent.data.metrics["test_recall_at_1_mean"] == pytest.approx(np.mean(per_seed))
+    assert parent.data.metrics["test_recall_at_1_std"] == pytest.approx(np.std(per_seed, ddof=1))
+    assert {"config.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    resolved = yaml.safe_load(open(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.yaml", dst_path=str(tmp_path / "dl"), tracking_uri=uri)))
+    assert resolved["embedding_dim"] == 16 and resolved["loss"] == "softmax"
+
+    # the logged model, loaded in a fresh process, embeds raw uint8 images of any size
+    results = json.load(open(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(tmp_path / "dl2"), tracking_uri=uri)))
+    model_uri = results["per_seed"][0]["model_uri"]
+    images = omniglot_pngs(6)
+    np.save(tmp_path / "images.npy", images)
+    code = (
+        "import mlflow, numpy as np, sys; mlflow.set_tracking_uri(sys.argv[1]); "
+        "m = mlflow.pyfunc.load_model(sys.argv[2]); x = np.load(sys.argv[3]); "
+        "e = m.predict(x); np.save(sys.argv[4], e); e3 = m.predict(np.repeat(x[..., None], 3, axis=-1)); "
+        "print(e.dtype, e.shape, float(np.abs(e - e3).max()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, uri, model_uri, str(tmp_path / "images.npy"), str(tmp_path / "emb.npy")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    dtype, diff = last.split(" ")[0], last.split(" ")[-1]
+    embeddings = np.load(tmp_path / "emb.npy")
+    assert dtype == "float32" and embeddings.shape == (6, 16)
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
+    assert float(diff) < 1e-5  # (N, H, W) and (N, H, W, 3) inputs give the same embeddings
+
+
+def omniglot_pngs(n: int) -> np.ndarray:
+    """n raw 105 x 105 Omniglot PNGs as uint8 (N, H, W) (test alphabets), or drawn ones without the data."""
+    root = omniglot_root()
+    if root is None:
+        from trainables.core.data import synthetic_glyphs
+
+        glyphs, _ = synthetic_glyphs(n, 1, 105, seed=3)
+        return glyphs
+    with zipfile.ZipFile(root / "omniglot" / "images_background_small2.zip") as zf:
+        names = sorted(n for n in zf.namelist() if "/Tagalog/" in n and n.endswith(".png"))[:n]
+        images = [np.asarray(Image.open(io.BytesIO(zf.read(name))).convert("L"), dtype=np.uint8) for name in names]
+    assert images[0].shape == (105, 105)
+    return np.stack(images)
+
+
+def run_main(argv, capsys):
+    code = final.main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+BAD_CONFIGS = [
+    ({"lossy": 1}, "lossy"),
+    ({"alpha": -3}, "alpha"),
+    ({"classes_per_batch": 100}, "classes_per_batch"),
+    ({"heating_target": 32.0}, "heating_target"),
+    ({"loss": "ice", "samples_per_class": 1}, "samples_per_class"),
+]
+
+
+@pytest.mark.parametrize("changes, key", BAD_CONFIGS)
+def test_bad_config_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys, changes, key):
+    config = write_config(tmp_path / "bad.yaml", **changes)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri], capsys)
+    assert code == 2
+    assert len(err.splitlines()) == 1 and key in err and str(config) in err
+    assert all_runs(uri)[1] == []
+
+
+def test_missing_data_root_and_malformed_folders(tmp_path, runs, capsys, monkeypatch):
+    monkeypatch.delenv("DML_DATA_ROOT", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = write_config(tmp_path / "omni.yaml", dataset="omniglot")
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri], capsys)
+    assert code == 2 and "--data-root" in err
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "nowhere" in err
+    (tmp_path / "folder" / "train").mkdir(parents=True)
+    (tmp_path / "folder" / "test").mkdir()
+    config = write_config(tmp_path / "folder.yaml", dataset="folder", image_size=32)
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "folder")], capsys)
+    assert code == 2 and "train" in err and len(err.splitlines()) == 1
+    assert all_runs(uri)[1] == []
+
+
+def make_folder_dataset(root, corrupt: bool):
+    rng = np.random.default_rng(0)
+    for part, classes in (("train", range(6)), ("test", range(6, 9))):
+        for c in classes:
+            folder = root / part / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    if corrupt:  # every batch of 4 of the 6 classes meets one of these
+        for c in range(3):
+            (root / "train" / f"class{c}" / "0.png").write_bytes(b"not an image at all")
+
+
+def test_unreadable_image_mid_training_fails_cleanly(tmp_path, runs, capsys):
+    make_folder_dataset(tmp_path / "data", corrupt=True)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = write_config(tmp_path / "folder.yaml", dataset="folder", image_size=32, classes_per_batch=4, samples_per_class=3, epochs=1)
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "data"), "--seeds", "1"], capsys)
+    assert code == 2
+    assert "0.png" in err and "unreadable image" in err and len(err.splitlines()) == 1
+    _, found = all_runs(uri)
+    assert found and all(r.info.status == "FAILED" for r in found)  # nothing left RUNNING
+
+
+def test_weights_file_that_does_not_fit_the_backbone(tmp_path, runs, capsys):
+    from trainables.core.models import SmallCNN
+
+    weights = tmp_path / "cnn.pt"
+    torch.save(SmallCNN(1, image_size=32).state_dict(), weights)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    make_folder_dataset(tmp_path / "data", corrupt=False)
+    config = write_config(tmp_path / "r18.yaml", dataset="folder", backbone="resnet18", pretrained=str(weights), image_size=32,
+                          classes_per_batch=4)
+    code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "data")], capsys)
+    assert code == 2 and str(weights) in err and "resnet18" in err
+    assert all_runs(uri)[1] == []
+
+
+def test_cli_exit_status_is_2(tmp_path):
+    config = write_config(tmp_path / "bad.yaml", embedding_dim=1)
+    out = subprocess.run([sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "embedding_dim" in out.stderr
+
+
+def test_help_is_actionable():
+    out = subprocess.run([sys.executable, "-m", "study.final", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "--seeds" in out.stdout and "--study" in out.stdout and "Examples" in out.stdout
