@@ -80,16 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--num-samples", args.num_samples, "an integer >= 1")
     if args.max_concurrent < 1:
         bad("--max-concurrent", args.max_concurrent, "an integer >= 1")
-    if not args.cpus_per_trial > 0:
-        bad("--cpus-per-trial", args.cpus_per_trial, "a number > 0")
-    if args.gpus_per_trial < 0:
-        bad("--gpus-per-trial", args.gpus_per_trial, "a number >= 0")
+    if not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        bad("--cpus-per-trial", args.cpus_per_trial, "a finite number > 0")
+    if not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        bad("--gpus-per-trial", args.gpus_per_trial, "a finite number >= 0")
     if args.epochs is not None and args.epochs < 1:
         bad("--epochs", args.epochs, "an integer >= 1")
     if args.grace_period < 1:
         bad("--grace-period", args.grace_period, "an integer >= 1")
-    if not args.reduction_factor > 1:
-        bad("--reduction-factor", args.reduction_factor, "a number > 1")
+    if not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
+        bad("--reduction-factor", args.reduction_factor, "a finite number > 1")
     if args.metric not in METRICS:
         bad("--metric", args.metric, f"one of {', '.join(METRICS)}")
     if args.max_failures < 0:
@@ -108,10 +108,10 @@ def prepare_space(args: argparse.Namespace) -> Space:
     overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", args.epochs)) if v is not None}
     if not overrides:
         return space
-    searched = {p.name for p in space.params} | set(space.grid)
+    searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
     clash = sorted(searched & set(overrides))
     if clash:
-        raise SpaceError(f"{space.path}: {clash[0]} is searched by the space; drop --{clash[0]}")
+        raise SpaceError(f"{space.path}: {clash[0]} is set by the space's params, grid or variants; drop --{clash[0]}")
     data = tracking.read_yaml(space.path, "a search space")
     data["fixed"] = {**(data.get("fixed") or {}), **overrides}
     return parse_space(data, space.path)
@@ -125,13 +125,22 @@ def base_config(space: Space) -> TrainConfig:
 
 def max_classes_per_batch(space: Space) -> int:
     """The largest classes_per_batch any trial of ``space`` can get."""
-    values = [int(v["classes_per_batch"]) for v in space.variants.values() if "classes_per_batch" in v]
+    default = int(space.fixed.get("classes_per_batch", TrainConfig().classes_per_batch))
+    values = [int(v.get("classes_per_batch", default)) for v in space.variants.values()]
     values += [int(v) for v in space.grid.get("classes_per_batch", [])]
-    for p in space.params:
-        if p.name == "classes_per_batch":
-            values.append(int(max(p.choices)) if p.choices else int(p.high) if not isinstance(p.high, dict) else 10**9)
-    if not values or (space.variants and len(values) < len(space.variants)):
-        values.append(int(space.fixed.get("classes_per_batch", TrainConfig().classes_per_batch)))
+    searched = [p for p in space.params if p.name == "classes_per_batch"]
+    for p in searched:
+        if p.choices:
+            values.append(max(int(c) for c in p.choices))
+        elif isinstance(p.high, dict) or isinstance(p.low, dict):
+            values.append(10**9)  # bounded by another parameter: checked trial by trial by the sampler's draws
+        else:
+            step = p.step or 1
+            values.append(int(p.low + ((p.high - p.low) // step) * step))
+        if p.when:
+            values.append(default)  # inactive in some trials: the default applies there
+    if not values:
+        values.append(default)
     return max(values)
 
 

@@ -117,12 +117,17 @@ class OptunaSearcher(Searcher):
             return
         value = (result or {}).get(self.metric)
         epochs = (result or {}).get("training_iteration", 0)
-        if error or value is None or not math.isfinite(value):
-            self.study.tell(number, state=TrialState.FAIL)
-        elif epochs < self.max_epochs:
-            self.study.tell(number, state=TrialState.PRUNED)
-        else:
-            self.study.tell(number, float(value))
+        try:
+            if error or value is None or not math.isfinite(value):
+                self.study.tell(number, state=TrialState.FAIL)
+            elif epochs < self.max_epochs:
+                self.study.tell(number, state=TrialState.PRUNED)
+            else:
+                self.study.tell(number, float(value))
+        except RuntimeError as stop:
+            # GridSampler asks to stop the study once every grid point is told; the trial is stored by then
+            if "Study.stop" not in str(stop):
+                raise
 
     def state_of(self, trial_id: str) -> str | None:
         """The Optuna state name of a Tune trial (COMPLETE, PRUNED, FAIL, RUNNING)."""

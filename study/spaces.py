@@ -68,8 +68,13 @@ class Param:
     choices: tuple = ()
     when: dict[str, tuple] = field(default_factory=dict)
 
-    def bound(self, value: Any, values: dict[str, Any]) -> Any:
-        return values[value["param"]] if isinstance(value, dict) else value
+    def bound(self, value: Any, values: dict[str, Any], path: str) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if value["param"] not in values:
+            raise SpaceError(f"{path}: params.{self.name}: its bound refers to {value['param']!r}, which is inactive here; "
+                             f"expected a reference to a parameter active whenever {self.name} is (add a matching when)")
+        return values[value["param"]]
 
 
 @dataclass
@@ -111,10 +116,16 @@ class Space:
                 continue
             if p.type == "categorical":
                 value = trial.suggest_categorical(p.name, list(p.choices))
-            elif p.type == "int":
-                value = trial.suggest_int(p.name, p.bound(p.low, values), p.bound(p.high, values), step=p.step or 1, log=p.log)
+                values[p.name] = chosen[p.name] = value
+                continue
+            low, high = p.bound(p.low, values, self.path), p.bound(p.high, values, self.path)
+            if low > high or (p.log and low <= 0):
+                raise SpaceError(f"{self.path}: params.{p.name}: the range [{low}, {high}] drawn from its references is empty "
+                                 "or not positive for log; expected references that keep low <= high")
+            if p.type == "int":
+                value = trial.suggest_int(p.name, int(low), int(high), step=p.step or 1, log=p.log)
             else:
-                value = trial.suggest_float(p.name, p.bound(p.low, values), p.bound(p.high, values), step=p.step, log=p.log)
+                value = trial.suggest_float(p.name, low, high, step=p.step, log=p.log)
             values[p.name] = chosen[p.name] = value
         return chosen
 
@@ -270,7 +281,12 @@ def load_space(path: str | Path) -> Space:
     path = Path(path)
     if not path.exists() and path.suffix == "" and (SHIPPED / f"{path}.yaml").is_file():
         path = SHIPPED / f"{path}.yaml"
-    data = read_yaml(path, "a search space (see study/spaces.py)")
+    try:
+        data = read_yaml(path, "a search space (see study/spaces.py)")
+    except SpaceError:
+        raise
+    except UsageError as error:
+        raise SpaceError(str(error)) from None
     return parse_space(data, str(path))
 
 
