@@ -21,15 +21,29 @@ from ray.tune import Callback
 from study.tracking import child_runs, first_error_line
 
 STRING_KEYS = ("node", "node_ip", "node_id", "device")
-SKIP_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "hostname", "date",
-             "time_since_restore", "iterations_since_restore", "checkpoint_dir_name", "done", "trial_id", "config"}
+SKIP_KEYS = {
+    "training_iteration",
+    "timestamp",
+    "time_this_iter_s",
+    "time_total_s",
+    "pid",
+    "hostname",
+    "date",
+    "time_since_restore",
+    "iterations_since_restore",
+    "checkpoint_dir_name",
+    "done",
+    "trial_id",
+    "config",
+}
 
 
 class MlflowTrials(Callback):
     """One MLflow child run per trial; see the module docstring."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, study_name: str, max_epochs: int,
-                 optuna_numbers: Any = None) -> None:
+    def __init__(
+        self, tracking_uri: str, experiment_id: str, parent_run_id: str, study_name: str, max_epochs: int, optuna_numbers: Any = None
+    ) -> None:
         self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
         self.study_name, self.max_epochs = study_name, max_epochs
         self.optuna_numbers = optuna_numbers  # callable trial_id -> Optuna trial number, or None
@@ -55,8 +69,13 @@ class MlflowTrials(Callback):
     def run_id(self, trial) -> str:
         client = self.client
         if trial.trial_id not in self.run_ids:
-            tags = {"mlflow.parentRunId": self.parent_run_id, "mlflow.runName": f"trial-{trial.trial_id}", "kind": "trial",
-                    "trial_id": trial.trial_id, "study_name": self.study_name}
+            tags = {
+                "mlflow.parentRunId": self.parent_run_id,
+                "mlflow.runName": f"trial-{trial.trial_id}",
+                "kind": "trial",
+                "trial_id": trial.trial_id,
+                "study_name": self.study_name,
+            }
             number = self.optuna_numbers(trial.trial_id) if self.optuna_numbers else None
             if number is not None:
                 tags["optuna_trial_number"] = str(number)
@@ -76,8 +95,11 @@ class MlflowTrials(Callback):
         if step <= self.logged_step.get(trial.trial_id, 0):
             return  # already recorded before a restart: never a duplicated step
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in result.items()
-                   if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        metrics = [
+            Metric(k, float(v), now, step)
+            for k, v in result.items()
+            if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ]
         tags = [RunTag(k, str(result[k])) for k in STRING_KEYS if k in result]
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
         self.logged_step[trial.trial_id] = step
@@ -129,16 +151,22 @@ class Progress(Callback):
                 counts["pending"] += 1
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
         elapsed = time.time() - self.started
-        print(f"[{elapsed:6.0f} s] {len(trials)}/{self.num_samples} trials: {counts['running']} running, "
-              f"{counts['complete']} complete, {counts['pruned']} pruned, {counts['failed']} failed | {best_text} | {event}",
-              flush=True)
+        print(
+            f"[{elapsed:6.0f} s] {len(trials)}/{self.num_samples} trials: {counts['running']} running, "
+            f"{counts['complete']} complete, {counts['pruned']} pruned, {counts['failed']} failed | {best_text} | {event}",
+            flush=True,
+        )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._line(trials, f"{trial.trial_id} epoch {result.get('training_iteration')}: {self.metric} {result.get(self.metric, float('nan')):.4f}")
+        self._line(
+            trials, f"{trial.trial_id} epoch {result.get('training_iteration')}: {self.metric} {result.get(self.metric, float('nan')):.4f}"
+        )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         epochs = int((trial.last_result or {}).get("training_iteration", 0))
-        self._line(trials, f"{trial.trial_id} {'complete' if epochs >= self.max_epochs else f'pruned by ASHA at epoch {epochs}'}", force=True)
+        self._line(
+            trials, f"{trial.trial_id} {'complete' if epochs >= self.max_epochs else f'pruned by ASHA at epoch {epochs}'}", force=True
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._line(trials, f"{trial.trial_id} failed", force=True)

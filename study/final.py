@@ -48,20 +48,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.split("\n\n")[2:]),
     )
-    parser.add_argument("--config", help=f"YAML file of config keys (see DESIGN.md); default: the embedded {DEFAULT_CONFIG}, "
-                        "heated-up softmax with BN features, alpha 16 -> 4, on Omniglot")
-    parser.add_argument("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); Omniglot is looked up in <root>/omniglot/")
+    parser.add_argument(
+        "--config",
+        help=f"YAML file of config keys (see DESIGN.md); default: the embedded {DEFAULT_CONFIG}, "
+        "heated-up softmax with BN features, alpha 16 -> 4, on Omniglot",
+    )
+    parser.add_argument(
+        "--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); Omniglot is looked up in <root>/omniglot/"
+    )
     parser.add_argument("--download", action="store_true", help="download Omniglot into the data root when it is missing (needs internet)")
-    parser.add_argument("--seeds", type=int, default=3, help="train this many seeds (config seed, +1, ...); report mean and spread (default 3)")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="train this many seeds (config seed, +1, ...); report mean and spread (default 3)"
+    )
     parser.add_argument("--epochs", type=int, help="override the config's epochs (e.g. 2 for a smoke run)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
-    parser.add_argument("--study", help="retrain the best config of this study (its parent run's best_config.yaml); "
-                        "the seed runs become children of the study's parent run and the model is registered as NAME-embedding")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)"
+    )
+    parser.add_argument(
+        "--study",
+        help="retrain the best config of this study (its parent run's best_config.yaml); "
+        "the seed runs become children of the study's parent run and the model is registered as NAME-embedding",
+    )
     parser.add_argument("--experiment", help="MLflow experiment (default: final; with --study: dml-studies, as study.launch)")
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
     parser.add_argument("--register", metavar="NAME", help="register the first seed's model in the MLflow model registry under NAME")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)")
+    parser.add_argument(
+        "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
+    )
     args = parser.parse_args(argv)
     if args.study and args.config:
         parser.error("--study and --config exclude each other: retrain a study's best config or a config file")
@@ -115,18 +129,27 @@ def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: P
             shown += f"  alpha {metrics['alpha']:.2f}"
         if "test_recall_at_1" in metrics:
             shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
-        print(f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr']:.2e}  ({metrics['time_epoch_s']:.1f} s)", flush=True)
+        print(
+            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr']:.2e}  ({metrics['time_epoch_s']:.1f} s)",
+            flush=True,
+        )
 
     run = fit(config, on_epoch, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=num_workers)
     elapsed = time.perf_counter() - started
     test = {k: v for k, v in run.metrics.items() if k.startswith("test_")}
     embeddings = embed(run.model, run.eval_set, run.image_size, run.device).numpy()
     positive, negative = pair_similarities(embeddings, run.eval_set.labels, seed=config.seed)
-    histogram = similarity_histogram(positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png",
-                                     title=f"test pair similarities, seed {config.seed}")
+    histogram = similarity_histogram(
+        positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png", title=f"test pair similarities, seed {config.seed}"
+    )
     mlflow.log_artifact(str(histogram))
-    mlflow.log_metrics({"time_total_s": elapsed, "test_positive_similarity_mean": float(positive.mean()),
-                        "test_negative_similarity_mean": float(negative.mean())})
+    mlflow.log_metrics(
+        {
+            "time_total_s": elapsed,
+            "test_positive_similarity_mean": float(positive.mean()),
+            "test_negative_similarity_mean": float(negative.mean()),
+        }
+    )
     from study.pyfunc import log_embedding_model
 
     info = log_embedding_model(run, workdir, registered_model_name=register)
@@ -140,15 +163,20 @@ def study_config(args: argparse.Namespace, uri: str) -> tuple[TrainConfig, str, 
     experiment = client.get_experiment_by_name(args.experiment)
     parent = tracking.find_study_run(client, experiment.experiment_id, args.study)
     if parent is None:
-        raise UsageError(f"--study {args.study}: no study of that name in MLflow experiment {args.experiment!r} at {uri}; "
-                         "expected the --study-name of a study.launch run (and its --experiment)")
+        raise UsageError(
+            f"--study {args.study}: no study of that name in MLflow experiment {args.experiment!r} at {uri}; "
+            "expected the --study-name of a study.launch run (and its --experiment)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="best_config.yaml",
-                                                       dst_path=tmp, tracking_uri=uri)
+            path = mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="best_config.yaml", dst_path=tmp, tracking_uri=uri
+            )
         except mlflow.exceptions.MlflowException:
-            raise UsageError(f"--study {args.study}: the study has no best_config.yaml (no trial completed); "
-                             "expected a finished study with at least one complete trial") from None
+            raise UsageError(
+                f"--study {args.study}: the study has no best_config.yaml (no trial completed); "
+                "expected a finished study with at least one complete trial"
+            ) from None
         values = tracking.read_yaml(path, "the study's best config")
     if args.epochs is not None:
         values = {**values, "epochs": args.epochs}
@@ -175,10 +203,14 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
     register = args.register or (f"{name}-embedding" if args.study else None)
     print(f"final training of {name}: {config.loss} on {config.dataset}, {config.epochs} epochs, seeds {seeds}, device {device}")
     if study_parent is None:
-        parent_id = client.create_run(experiment_id, run_name=args.run_name or f"final-{name}",
-                                      tags={**tracking.reproducibility_tags(), "kind": "final"}).info.run_id
-        client.log_batch(parent_id, params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items() if k != "seed"]
-                         + [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))])
+        parent_id = client.create_run(
+            experiment_id, run_name=args.run_name or f"final-{name}", tags={**tracking.reproducibility_tags(), "kind": "final"}
+        ).info.run_id
+        client.log_batch(
+            parent_id,
+            params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items() if k != "seed"]
+            + [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))],
+        )
     else:
         parent_id = study_parent
     prefix = "final_" if study_parent else ""
@@ -211,8 +243,15 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
         raise
     if study_parent is None:
         client.set_terminated(parent_id, status="FINISHED")
-    return {"name": name, "config": config, "uri": uri, "parent_run_id": parent_id, "results": results, "summary": summary,
-            "registered": register}
+    return {
+        "name": name,
+        "config": config,
+        "uri": uri,
+        "parent_run_id": parent_id,
+        "results": results,
+        "summary": summary,
+        "registered": register,
+    }
 
 
 def print_summary(outcome: dict[str, Any]) -> None:

@@ -46,11 +46,16 @@ INPUT_ERRORS = (UsageError, ConfigError, DatasetError)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     doc = __doc__.split("\n\n")
-    parser = argparse.ArgumentParser(prog="python -m study.launch", description=doc[1], epilog="\n\n".join(doc[2:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m study.launch", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     a = parser.add_argument
-    a("--space", default="default", help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
-      "(default, heated_softmax, ice, paper_ablation, smoke); default: default")
+    a(
+        "--space",
+        default="default",
+        help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
+        "(default, heated_softmax, ice, paper_ablation, smoke); default: default",
+    )
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
     a("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); every node of a cluster needs it at this path")
     a("--num-samples", type=int, help="number of trials (default: 16; a grid space runs each grid point once)")
@@ -67,8 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--optuna-storage", help="Optuna storage: journal:PATH or a database URL (default: journal:./runs/optuna/journal.log)")
     a("--experiment", default="dml-studies", help="MLflow experiment name (default dml-studies)")
     a("--study-name", help="name of the study (letters, digits, _ . -); default: <space>-<date>-<time>")
-    a("--resume", action="store_true", help="continue the interrupted study --study-name: finished trials are kept, "
-      "interrupted ones continue from their checkpoints")
+    a(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted study --study-name: finished trials are kept, interrupted ones continue from their checkpoints",
+    )
     a("--seed", type=int, default=0, help="seed of the TPE sampler (trials keep their config's seed)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     args = parser.parse_args(argv)
@@ -185,7 +193,9 @@ def open_optuna(args, storage_url: str, study_name: str, mode: str) -> optuna.St
             raise UsageError(f"--resume: no Optuna study {study_name!r} in {storage_url}; expected an existing study name")
         return optuna.load_study(study_name=study_name, storage=storage)
     if study_name in names:
-        raise UsageError(f"--study-name {study_name}: a study of that name exists in {storage_url}; pass --resume to continue it or choose another name")
+        raise UsageError(
+            f"--study-name {study_name}: a study of that name exists in {storage_url}; pass --resume to continue it or choose another name"
+        )
     return optuna.create_study(study_name=study_name, storage=storage, direction="maximize" if mode == "max" else "minimize")
 
 
@@ -228,22 +238,49 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
     study = open_optuna(args, optuna_url, study_name, mode)
 
     if parent is None:
-        parent = client.create_run(experiment_id, run_name=study_name, tags={
-            **tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space.path})
-        client.log_batch(parent.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in {
-            "space": space.path, "metric": metric, "mode": mode, "num_samples": num_samples, "epochs": max_epochs,
-            "grace_period": args.grace_period, "reduction_factor": args.reduction_factor, "max_concurrent": args.max_concurrent,
-            "cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial, "seed": args.seed,
-            "optuna_storage": optuna_url, "storage_path": storage_path, "fit_classes": n_fit,
-            **{f"fixed.{k}": v for k, v in space.fixed.items()}}.items()])
+        parent = client.create_run(
+            experiment_id,
+            run_name=study_name,
+            tags={**tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space.path},
+        )
+        client.log_batch(
+            parent.info.run_id,
+            params=[
+                mlflow.entities.Param(k, str(v))
+                for k, v in {
+                    "space": space.path,
+                    "metric": metric,
+                    "mode": mode,
+                    "num_samples": num_samples,
+                    "epochs": max_epochs,
+                    "grace_period": args.grace_period,
+                    "reduction_factor": args.reduction_factor,
+                    "max_concurrent": args.max_concurrent,
+                    "cpus_per_trial": args.cpus_per_trial,
+                    "gpus_per_trial": args.gpus_per_trial,
+                    "seed": args.seed,
+                    "optuna_storage": optuna_url,
+                    "storage_path": storage_path,
+                    "fit_classes": n_fit,
+                    **{f"fixed.{k}": v for k, v in space.fixed.items()},
+                }.items()
+            ],
+        )
         client.log_artifact(parent.info.run_id, space.path)
     else:
         client.update_run(parent.info.run_id, status="RUNNING")
     parent_id = parent.info.run_id
     started = time.time()
     try:
-        ray.init(address=args.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 ignore_reinit_error=True, runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if args.address is None else None)
+        # without --address always a fresh local Ray, never one that happens to run on this machine
+        ray.init(
+            address=args.address or "local",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            ignore_reinit_error=True,
+            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if args.address is None else None,
+        )
         if args.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
             raise UsageError(f"--gpus-per-trial {args.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
         trainable = tune.with_resources(
@@ -258,21 +295,34 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
-                    metric=metric, mode=mode, num_samples=num_samples,
+                    metric=metric,
+                    mode=mode,
+                    num_samples=num_samples,
                     search_alg=ConcurrencyLimiter(searcher, max_concurrent=args.max_concurrent),
-                    scheduler=ASHAScheduler(time_attr="training_iteration", max_t=max_epochs, grace_period=args.grace_period,
-                                            reduction_factor=args.reduction_factor),
+                    scheduler=ASHAScheduler(
+                        time_attr="training_iteration",
+                        max_t=max_epochs,
+                        grace_period=args.grace_period,
+                        reduction_factor=args.reduction_factor,
+                    ),
                 ),
                 run_config=tune.RunConfig(
-                    name=study_name, storage_path=storage_path, verbose=0,
-                    callbacks=[MlflowTrials(uri, experiment_id, parent_id, study_name, max_epochs),
-                               Progress(metric, mode, max_epochs, num_samples)],
+                    name=study_name,
+                    storage_path=storage_path,
+                    verbose=0,
+                    callbacks=[
+                        MlflowTrials(uri, experiment_id, parent_id, study_name, max_epochs),
+                        Progress(metric, mode, max_epochs, num_samples),
+                    ],
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                     failure_config=tune.FailureConfig(max_failures=args.max_failures),
                 ),
             )
-        print(f"study {study_name}: {num_samples} trials of up to {max_epochs} epochs, space {space.path}, "
-              f"{metric} ({mode}), {args.max_concurrent} at once; Ray at {ray.get_runtime_context().gcs_address}", flush=True)
+        print(
+            f"study {study_name}: {num_samples} trials of up to {max_epochs} epochs, space {space.path}, "
+            f"{metric} ({mode}), {args.max_concurrent} at once; Ray at {ray.get_runtime_context().gcs_address}",
+            flush=True,
+        )
         tuner.fit()
         summary = finish_study(study, client, experiment_id, parent_id, metric, mode, max_epochs, time.time() - started)
     except BaseException as error:
@@ -303,8 +353,9 @@ def reconcile_before_resume(study: optuna.Study, client, experiment_id: str, par
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def finish_study(study: optuna.Study, client, experiment_id: str, parent_id: str, metric: str, mode: str,
-                 max_epochs: int, wall_s: float) -> dict[str, Any]:
+def finish_study(
+    study: optuna.Study, client, experiment_id: str, parent_id: str, metric: str, mode: str, max_epochs: int, wall_s: float
+) -> dict[str, Any]:
     """Best config, trials table, plots and summary metrics on the parent run; marks it FINISHED."""
     from study.report import study_artifacts
 
@@ -323,8 +374,14 @@ def finish_study(study: optuna.Study, client, experiment_id: str, parent_id: str
     with tempfile.TemporaryDirectory() as tmp:
         for path in study_artifacts(study, children, Path(tmp), metric, best):
             client.log_artifact(parent_id, str(path))
-    metrics = {"n_trials": len(trials), "n_complete": counts["COMPLETE"], "n_pruned": counts["PRUNED"], "n_failed": counts["FAIL"],
-               "wall_time_s": wall_s, "epochs_spent": float(sum(len(t.intermediate_values) for t in trials))}
+    metrics = {
+        "n_trials": len(trials),
+        "n_complete": counts["COMPLETE"],
+        "n_pruned": counts["PRUNED"],
+        "n_failed": counts["FAIL"],
+        "wall_time_s": wall_s,
+        "epochs_spent": float(sum(len(t.intermediate_values) for t in trials)),
+    }
     if best is not None:
         metrics[f"best_{metric}"] = float(best.value)
         client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
@@ -336,8 +393,10 @@ def finish_study(study: optuna.Study, client, experiment_id: str, parent_id: str
 
 def print_summary(outcome: dict[str, Any], metric: str) -> None:
     m = outcome["metrics"]
-    print(f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
-          f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained")
+    print(
+        f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
+        f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
+    )
     best = outcome["best"]
     if best is None:
         print("no trial completed; nothing to retrain")
@@ -345,8 +404,10 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
         print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
         for key, value in sorted((outcome["best_config"] or {}).items()):
             print(f"  {key}: {value}")
-        print(f"\nretrain it and test it:  python -m study.final --study {outcome['study_name']} --experiment {outcome['experiment']}"
-              + (f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else ""))
+        print(
+            f"\nretrain it and test it:  python -m study.final --study {outcome['study_name']} --experiment {outcome['experiment']}"
+            + (f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else "")
+        )
     print(f"open the MLflow UI:       {tracking.ui_command(outcome['uri'])}")
 
 

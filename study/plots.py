@@ -11,7 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def pair_similarities(embeddings: np.ndarray, labels: np.ndarray, *, max_pairs: int = 200_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pair_similarities(
+    embeddings: np.ndarray, labels: np.ndarray, *, max_pairs: int = 200_000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Cosine similarities of positive (same class) and negative pairs, each sampled to at most ``max_pairs``.
 
     embeddings (N, D), labels (N,) -> (positive (P,), negative (Q,)) float32.

@@ -62,8 +62,14 @@ def learning_curves(study: optuna.Study, metric: str, path: Path) -> Path:
             continue
         steps = sorted(t.intermediate_values)
         state = t.state.name
-        ax.plot(steps, [t.intermediate_values[s] for s in steps], marker=".", color=STATE_COLORS.get(state, "k"), alpha=0.7,
-                label=state.lower() if state not in drawn else None)
+        ax.plot(
+            steps,
+            [t.intermediate_values[s] for s in steps],
+            marker=".",
+            color=STATE_COLORS.get(state, "k"),
+            alpha=0.7,
+            label=state.lower() if state not in drawn else None,
+        )
         drawn.add(state)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric)
@@ -92,8 +98,16 @@ def study_artifacts(study: optuna.Study, children: dict[str, Any], out: Path, me
     frame.to_csv(out / "trials.csv", index=False)
     paths.append(out / "trials.csv")
     vis = optuna.visualization.matplotlib
-    paths.append(_optuna_plot(out / "optimization_history.png", "optimization history", lambda: vis.plot_optimization_history(study, target_name=metric)))
+    paths.append(
+        _optuna_plot(
+            out / "optimization_history.png", "optimization history", lambda: vis.plot_optimization_history(study, target_name=metric)
+        )
+    )
     paths.append(_optuna_plot(out / "param_importances.png", "parameter importances", lambda: vis.plot_param_importances(study)))
-    paths.append(_optuna_plot(out / "parallel_coordinate.png", "parallel coordinates", lambda: vis.plot_parallel_coordinate(study, target_name=metric)))
+    paths.append(
+        _optuna_plot(
+            out / "parallel_coordinate.png", "parallel coordinates", lambda: vis.plot_parallel_coordinate(study, target_name=metric)
+        )
+    )
     paths.append(learning_curves(study, metric, out / "learning_curves.png"))
     return paths

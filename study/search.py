@@ -134,7 +134,9 @@ class OptunaSearcher(Searcher):
         if trial_id not in self.numbers:
             return None
         number = self.numbers[trial_id]
-        return self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)).state.name
+        return self.study._storage.get_trial(
+            self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        ).state.name
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as f:

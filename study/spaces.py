@@ -72,8 +72,10 @@ class Param:
         if not isinstance(value, dict):
             return value
         if value["param"] not in values:
-            raise SpaceError(f"{path}: params.{self.name}: its bound refers to {value['param']!r}, which is inactive here; "
-                             f"expected a reference to a parameter active whenever {self.name} is (add a matching when)")
+            raise SpaceError(
+                f"{path}: params.{self.name}: its bound refers to {value['param']!r}, which is inactive here; "
+                f"expected a reference to a parameter active whenever {self.name} is (add a matching when)"
+            )
         return values[value["param"]]
 
 
@@ -120,8 +122,10 @@ class Space:
                 continue
             low, high = p.bound(p.low, values, self.path), p.bound(p.high, values, self.path)
             if low > high or (p.log and low <= 0):
-                raise SpaceError(f"{self.path}: params.{p.name}: the range [{low}, {high}] drawn from its references is empty "
-                                 "or not positive for log; expected references that keep low <= high")
+                raise SpaceError(
+                    f"{self.path}: params.{p.name}: the range [{low}, {high}] drawn from its references is empty "
+                    "or not positive for log; expected references that keep low <= high"
+                )
             if p.type == "int":
                 value = trial.suggest_int(p.name, int(low), int(high), step=p.step or 1, log=p.log)
             else:

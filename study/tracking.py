@@ -128,9 +128,7 @@ def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str) -
 # ----------------------------------------------------------------------------- studies
 def find_study_run(client: mlflow.MlflowClient, experiment_id: str, study_name: str):
     """The parent run of ``study_name`` in the experiment, or None."""
-    runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.study_name = '{study_name}' and tags.kind = 'study'", max_results=5
-    )
+    runs = client.search_runs([experiment_id], filter_string=f"tags.study_name = '{study_name}' and tags.kind = 'study'", max_results=5)
     return runs[0] if runs else None
 
 

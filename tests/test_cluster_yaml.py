@@ -25,10 +25,26 @@ CLUSTER_YAML = ROOT / "cluster.yaml"
 
 # The key order of Ray's cluster YAML examples (docker is left out here).
 STANDARD_ORDER = [
-    "cluster_name", "max_workers", "upscaling_speed", "docker", "idle_timeout_minutes", "provider", "auth",
-    "available_node_types", "head_node_type", "file_mounts", "cluster_synced_files", "file_mounts_sync_continuously",
-    "rsync_exclude", "rsync_filter", "initialization_commands", "setup_commands", "head_setup_commands",
-    "worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands",
+    "cluster_name",
+    "max_workers",
+    "upscaling_speed",
+    "docker",
+    "idle_timeout_minutes",
+    "provider",
+    "auth",
+    "available_node_types",
+    "head_node_type",
+    "file_mounts",
+    "cluster_synced_files",
+    "file_mounts_sync_continuously",
+    "rsync_exclude",
+    "rsync_filter",
+    "initialization_commands",
+    "setup_commands",
+    "head_setup_commands",
+    "worker_setup_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
 ]
 
 

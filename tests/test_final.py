@@ -18,8 +18,17 @@ from PIL import Image
 from study import final
 from tests.conftest import ROOT, omniglot_root
 
-TINY = {"dataset": "synthetic", "epochs": 2, "classes_per_batch": 8, "samples_per_class": 2, "embedding_dim": 16,
-        "heating": "two_stage", "normalization": "bn", "alpha": 16.0, "heating_target": 4.0}
+TINY = {
+    "dataset": "synthetic",
+    "epochs": 2,
+    "classes_per_batch": 8,
+    "samples_per_class": 2,
+    "embedding_dim": 16,
+    "heating": "two_stage",
+    "normalization": "bn",
+    "alpha": 16.0,
+    "heating_target": 4.0,
+}
 
 
 def write_config(path, **changes):
@@ -34,8 +43,10 @@ def all_runs(uri):
 
 
 def test_core_imports_no_ray_optuna_mlflow():
-    code = ("import sys, trainables.core, trainables.core.engine, trainables.core.metrics, trainables.core.data, "
-            "trainables.core.checkpoint; print([m for m in ('ray', 'optuna', 'mlflow') if m in sys.modules])")
+    code = (
+        "import sys, trainables.core, trainables.core.engine, trainables.core.metrics, trainables.core.data, "
+        "trainables.core.checkpoint; print([m for m in ('ray', 'optuna', 'mlflow') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -71,11 +82,23 @@ def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys)
     assert parent.data.metrics["test_recall_at_1_mean"] == pytest.approx(np.mean(per_seed))
     assert parent.data.metrics["test_recall_at_1_std"] == pytest.approx(np.std(per_seed, ddof=1))
     assert {"config.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    resolved = yaml.safe_load(open(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config.yaml", dst_path=str(tmp_path / "dl"), tracking_uri=uri)))
+    resolved = yaml.safe_load(
+        open(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="config.yaml", dst_path=str(tmp_path / "dl"), tracking_uri=uri
+            )
+        )
+    )
     assert resolved["embedding_dim"] == 16 and resolved["loss"] == "softmax"
 
     # the logged model, loaded in a fresh process, embeds raw uint8 images of any size
-    results = json.load(open(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(tmp_path / "dl2"), tracking_uri=uri)))
+    results = json.load(
+        open(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(tmp_path / "dl2"), tracking_uri=uri
+            )
+        )
+    )
     model_uri = results["per_seed"][0]["model_uri"]
     images = omniglot_pngs(6)
     np.save(tmp_path / "images.npy", images)
@@ -85,8 +108,13 @@ def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys)
         "e = m.predict(x); np.save(sys.argv[4], e); e3 = m.predict(np.repeat(x[..., None], 3, axis=-1)); "
         "print(e.dtype, e.shape, float(np.abs(e - e3).max()))"
     )
-    out = subprocess.run([sys.executable, "-c", code, uri, model_uri, str(tmp_path / "images.npy"), str(tmp_path / "emb.npy")],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code, uri, model_uri, str(tmp_path / "images.npy"), str(tmp_path / "emb.npy")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     dtype, diff = last.split(" ")[0], last.split(" ")[-1]
@@ -183,8 +211,9 @@ def test_weights_file_that_does_not_fit_the_backbone(tmp_path, runs, capsys):
     torch.save(SmallCNN(1, image_size=32).state_dict(), weights)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     make_folder_dataset(tmp_path / "data", corrupt=False)
-    config = write_config(tmp_path / "r18.yaml", dataset="folder", backbone="resnet18", pretrained=str(weights), image_size=32,
-                          classes_per_batch=4)
+    config = write_config(
+        tmp_path / "r18.yaml", dataset="folder", backbone="resnet18", pretrained=str(weights), image_size=32, classes_per_batch=4
+    )
     code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "data")], capsys)
     assert code == 2 and str(weights) in err and "resnet18" in err
     assert all_runs(uri)[1] == []
@@ -192,8 +221,13 @@ def test_weights_file_that_does_not_fit_the_backbone(tmp_path, runs, capsys):
 
 def test_cli_exit_status_is_2(tmp_path):
     config = write_config(tmp_path / "bad.yaml", embedding_dim=1)
-    out = subprocess.run([sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "embedding_dim" in out.stderr
 

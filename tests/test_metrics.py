@@ -221,12 +221,8 @@ def test_chunked_equals_unchunked():
     x, y = clustered(300, 16, 20, seed=9)
     q, q_labels, g, g_labels = x[:100], y[:100], x[100:], y[100:]
     assert retrieval_metrics(x, y, chunk_size=7) == retrieval_metrics(x, y, chunk_size=100000)
-    small = retrieval_metrics(
-        q, q_labels, gallery_embeddings=g, gallery_labels=g_labels, chunk_size=7
-    )
-    big = retrieval_metrics(
-        q, q_labels, gallery_embeddings=g, gallery_labels=g_labels, chunk_size=100000
-    )
+    small = retrieval_metrics(q, q_labels, gallery_embeddings=g, gallery_labels=g_labels, chunk_size=7)
+    big = retrieval_metrics(q, q_labels, gallery_embeddings=g, gallery_labels=g_labels, chunk_size=100000)
     assert small == big
     s7, i7 = knn(x, x, 5, exclude_self=True, chunk_size=7)
     sb, ib = knn(x, x, 5, exclude_self=True, chunk_size=100000)
@@ -301,9 +297,7 @@ def test_evaluate_embeddings_keys_and_gallery_nmi():
     assert out["recall_at_1"] == 1.0 and out["map_at_r"] == 1.0
     assert out["nmi"] == pytest.approx(1.0, abs=1e-9)
     q_idx = np.arange(len(y)) % 3 == 0
-    out = evaluate_embeddings(
-        x[q_idx], y[q_idx], ks=(1,), gallery_embeddings=x[~q_idx], gallery_labels=y[~q_idx]
-    )
+    out = evaluate_embeddings(x[q_idx], y[q_idx], ks=(1,), gallery_embeddings=x[~q_idx], gallery_labels=y[~q_idx])
     assert out["recall_at_1"] == 1.0
     assert out["nmi"] == pytest.approx(1.0, abs=1e-9)
 
@@ -361,9 +355,7 @@ def test_only_singletons_give_nan():
         (lambda: retrieval_metrics(np.ones((5, 2)), np.zeros(5, int), ks=()), "ks"),
         (lambda: retrieval_metrics(np.ones((5, 2)), np.zeros(5, int), chunk_size=0), "chunk"),
         (
-            lambda: retrieval_metrics(
-                np.ones((5, 2)), np.zeros(5, int), gallery_embeddings=np.ones((5, 2))
-            ),
+            lambda: retrieval_metrics(np.ones((5, 2)), np.zeros(5, int), gallery_embeddings=np.ones((5, 2))),
             "together",
         ),
         (

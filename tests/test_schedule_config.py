@@ -20,14 +20,22 @@ import pytest
 import torch
 
 from trainables.core import schedule
-from trainables.core.checkpoint import CheckpointError, load_bundle, rng_state, save_bundle, set_rng_state
+from trainables.core.checkpoint import (
+    CheckpointError,
+    load_bundle,
+    rng_state,
+    save_bundle,
+    set_rng_state,
+)
 from trainables.core.config import ConfigError, TrainConfig
 
 # -- schedules -------------------------------------------------------------------------------
 
 
 def cfg(**values) -> TrainConfig:
-    return TrainConfig.from_dict({"epochs": 40, "alpha": 16.0, "heating_target": 4.0, "heating_start": 0.75, "heating_lr_factor": 0.1, **values})
+    return TrainConfig.from_dict(
+        {"epochs": 40, "alpha": 16.0, "heating_target": 4.0, "heating_start": 0.75, "heating_lr_factor": 0.1, **values}
+    )
 
 
 def test_schedule_none():
@@ -157,7 +165,15 @@ def test_string_coercion():
 
 @pytest.mark.parametrize(
     "key, value",
-    [("classes_per_batch", True), ("epochs", 2.5), ("epochs", "three"), ("alpha", "hot"), ("alpha", False), ("learn_alpha", 1), ("loss", 3)],
+    [
+        ("classes_per_batch", True),
+        ("epochs", 2.5),
+        ("epochs", "three"),
+        ("alpha", "hot"),
+        ("alpha", False),
+        ("learn_alpha", 1),
+        ("loss", 3),
+    ],
 )
 def test_bad_types_are_refused(key, value):
     with pytest.raises(ConfigError, match=key):

@@ -93,8 +93,7 @@ def test_shipped_space_loads_by_path_and_by_name(name):
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 @pytest.mark.parametrize(
     "make_sampler, n",
-    [(lambda: optuna.samplers.RandomSampler(seed=7), 200),
-     (lambda: optuna.samplers.TPESampler(seed=7, n_startup_trials=10), 50)],
+    [(lambda: optuna.samplers.RandomSampler(seed=7), 200), (lambda: optuna.samplers.TPESampler(seed=7, n_startup_trials=10), 50)],
     ids=["random200", "tpe50"],
 )
 def test_shipped_space_samples_make_valid_configs(name, make_sampler, n):
@@ -158,10 +157,13 @@ def test_non_grid_spaces_have_grid_size_zero():
 
 
 def test_grid_space_visits_every_point_once(tmp_path):
-    path = write(tmp_path, {
-        "fixed": {"loss": "ice", "dataset": "synthetic"},
-        "grid": {"ice_scale": [1, 16, 32, 64, 80], "samples_per_class": [2, 4], "embedding_dim": [16, 32, 64]},
-    })
+    path = write(
+        tmp_path,
+        {
+            "fixed": {"loss": "ice", "dataset": "synthetic"},
+            "grid": {"ice_scale": [1, 16, 32, 64, 80], "samples_per_class": [2, 4], "embedding_dim": [16, 32, 64]},
+        },
+    )
     space = load_space(path)
     assert space.grid_size() == 30
     check_grid_space(space)
@@ -174,8 +176,11 @@ SOFTMAX_ONLY = {"alpha", "heating", "normalization", "weight_norm", "mean_proxy_
 ALWAYS = {"loss", "classes_per_batch", "samples_per_class", "lr", "embedding_dim"}
 
 
-@pytest.mark.parametrize("make_sampler, n", [(lambda: optuna.samplers.RandomSampler(seed=11), 200),
-                                             (lambda: optuna.samplers.TPESampler(seed=11), 60)], ids=["random", "tpe"])
+@pytest.mark.parametrize(
+    "make_sampler, n",
+    [(lambda: optuna.samplers.RandomSampler(seed=11), 200), (lambda: optuna.samplers.TPESampler(seed=11), 60)],
+    ids=["random", "tpe"],
+)
 def test_default_conditional_parameters(make_sampler, n):
     space = shipped("default")
     suggestions = sample(space, make_sampler(), n)
@@ -314,12 +319,22 @@ CATALOGUE = [
     ("choices_nested", P + "loss: {type: categorical, choices: [[softmax], ice]}\n", ["params.loss.choices", "scalar"]),
     ("key_not_allowed_for_type", P + "alpha: {type: float, low: 2, high: 64, choices: [2, 4]}\n", ["params.alpha.choices", "not allowed"]),
     ("when_unknown_param", P + "alpha: {type: float, low: 2, high: 64, when: {losss: softmax}}\n", ["params.alpha.when.losss"]),
-    ("when_on_later_param", P + "alpha: {type: float, low: 2, high: 64, when: {loss: softmax}}\n"
-     "  loss: {type: categorical, choices: [softmax, ice]}\n", ["params.alpha.when.loss", "earlier"]),
+    (
+        "when_on_later_param",
+        P + "alpha: {type: float, low: 2, high: 64, when: {loss: softmax}}\n  loss: {type: categorical, choices: [softmax, ice]}\n",
+        ["params.alpha.when.loss", "earlier"],
+    ),
     ("when_not_a_mapping", P + "alpha: {type: float, low: 2, high: 64, when: softmax}\n", ["params.alpha.when"]),
-    ("bound_missing_param", P + "heating_target: {type: float, low: 1, high: {param: alpha}}\n", ["params.heating_target.high", "{param: NAME}"]),
-    ("bound_malformed", P + "alpha: {type: float, low: 2, high: 64}\n"
-     "  heating_target: {type: float, low: 1, high: {param: alpha, scale: 2}}\n", ["params.heating_target.high"]),
+    (
+        "bound_missing_param",
+        P + "heating_target: {type: float, low: 1, high: {param: alpha}}\n",
+        ["params.heating_target.high", "{param: NAME}"],
+    ),
+    (
+        "bound_malformed",
+        P + "alpha: {type: float, low: 2, high: 64}\n  heating_target: {type: float, low: 1, high: {param: alpha, scale: 2}}\n",
+        ["params.heating_target.high"],
+    ),
     ("step_with_log", P + "alpha: {type: float, low: 2, high: 64, log: true, step: 2}\n", ["params.alpha.step", "log"]),
     ("step_not_positive", P + "classes_per_batch: {type: int, low: 8, high: 48, step: 0}\n", ["params.classes_per_batch.step"]),
     ("params_and_grid", P + "alpha: {type: float, low: 2, high: 64}\ngrid:\n  lr: [0.001, 0.01]\n", ["params", "grid", "exactly one"]),
@@ -330,10 +345,16 @@ CATALOGUE = [
     ("fixed_unknown_key", "fixed:\n  epoch: 3\n" + P + "lr: {type: float, low: 0.001, high: 0.01}\n", ["fixed.epoch", "unknown"]),
     ("fixed_and_searched", "fixed:\n  alpha: 16\n" + P + "alpha: {type: float, low: 2, high: 64}\n", ["params.alpha", "fixed"]),
     ("fixed_value_rejected", "fixed:\n  epochs: 0\n" + P + "lr: {type: float, low: 0.001, high: 0.01}\n", ["epochs"]),
-    ("ice_with_one_sample_per_class", "fixed:\n  loss: ice\n" + P + "samples_per_class: {type: categorical, choices: [1, 2]}\n",
-     ["samples_per_class", "ice"]),
-    ("heating_target_above_alpha", "fixed:\n  heating_target: 10\n  heating: two_stage\n"
-     + P + "alpha: {type: float, low: 2, high: 8}\n", ["heating_target"]),
+    (
+        "ice_with_one_sample_per_class",
+        "fixed:\n  loss: ice\n" + P + "samples_per_class: {type: categorical, choices: [1, 2]}\n",
+        ["samples_per_class", "ice"],
+    ),
+    (
+        "heating_target_above_alpha",
+        "fixed:\n  heating_target: 10\n  heating: two_stage\n" + P + "alpha: {type: float, low: 2, high: 8}\n",
+        ["heating_target"],
+    ),
     ("choice_value_rejected", P + "normalization: {type: categorical, choices: [bn, layer]}\n", ["normalization", "layer"]),
     ("int_param_as_float", P + "classes_per_batch: {type: float, low: 8, high: 48}\n", ["classes_per_batch"]),
     ("grid_value_out_of_range", "grid:\n  alpha: [0, 16]\n", ["alpha"]),
@@ -364,8 +385,11 @@ def test_catalogue_is_large_enough():
     assert len({c[0] for c in CATALOGUE}) == len(CATALOGUE) >= 20
 
 
-@pytest.mark.parametrize("text, expected", [c[1:] for c in CATALOGUE if not c[0].startswith("yaml")],
-                         ids=[c[0] for c in CATALOGUE if not c[0].startswith("yaml")])
+@pytest.mark.parametrize(
+    "text, expected",
+    [c[1:] for c in CATALOGUE if not c[0].startswith("yaml")],
+    ids=[c[0] for c in CATALOGUE if not c[0].startswith("yaml")],
+)
 def test_loader_errors_are_space_errors(tmp_path, text, expected):
     path = write(tmp_path, text)
     with pytest.raises(SpaceError):
@@ -396,31 +420,35 @@ def test_bare_name_that_is_not_shipped(tmp_path):
 
 
 def test_bound_on_inactive_parameter_is_a_space_error(tmp_path):
-    path = write(tmp_path, P + "loss: {type: categorical, choices: [softmax, ice]}\n"
-                 "  alpha: {type: float, low: 2, high: 64, when: {loss: softmax}}\n"
-                 "  heating_target: {type: float, low: 1, high: {param: alpha}}\n")
+    path = write(
+        tmp_path,
+        P + "loss: {type: categorical, choices: [softmax, ice]}\n"
+        "  alpha: {type: float, low: 2, high: 64, when: {loss: softmax}}\n"
+        "  heating_target: {type: float, low: 1, high: {param: alpha}}\n",
+    )
     with pytest.raises(SpaceError, match="heating_target"):
         load_space(path)
 
 
 def test_referenced_bound_below_low_is_a_space_error(tmp_path):
-    path = write(tmp_path, P + "alpha: {type: float, low: 0.5, high: 2}\n"
-                 "  heating_target: {type: float, low: 1, high: {param: alpha}}\n")
+    path = write(tmp_path, P + "alpha: {type: float, low: 0.5, high: 2}\n  heating_target: {type: float, low: 1, high: {param: alpha}}\n")
     with pytest.raises(SpaceError) as info:
         load_space(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_referenced_bound_below_low_names_the_parameter(tmp_path):
-    path = write(tmp_path, P + "alpha: {type: float, low: 0.5, high: 2}\n"
-                 "  heating_target: {type: float, low: 1, high: {param: alpha}}\n")
+    path = write(tmp_path, P + "alpha: {type: float, low: 0.5, high: 2}\n  heating_target: {type: float, low: 1, high: {param: alpha}}\n")
     with pytest.raises(SpaceError, match="heating_target"):
         load_space(path)
 
 
 def test_shorthand_choices_and_fixed_references(tmp_path):
-    path = write(tmp_path, "fixed:\n  alpha: 16\n  loss: softmax\n" + P + "normalization: [l2, bn]\n"
-                 "  embedding_dim: 64\n  heating_target: {type: float, low: 1, high: {param: alpha}, log: true}\n")
+    path = write(
+        tmp_path,
+        "fixed:\n  alpha: 16\n  loss: softmax\n" + P + "normalization: [l2, bn]\n"
+        "  embedding_dim: 64\n  heating_target: {type: float, low: 1, high: {param: alpha}, log: true}\n",
+    )
     space = load_space(path)
     p = {q.name: q for q in space.params}
     assert p["normalization"].choices == ("l2", "bn") and p["embedding_dim"].choices == (64,)
@@ -433,13 +461,11 @@ def test_shorthand_choices_and_fixed_references(tmp_path):
 DEFAULT_C = TrainConfig().classes_per_batch
 
 
-@pytest.mark.parametrize("name, expected", [("default", 48), ("heated_softmax", 48), ("ice", 48), ("smoke", 8),
-                                            ("paper_ablation", 32)])
+@pytest.mark.parametrize("name, expected", [("default", 48), ("heated_softmax", 48), ("ice", 48), ("smoke", 8), ("paper_ablation", 32)])
 def test_max_classes_per_batch_shipped(name, expected):
     space = shipped(name)
     assert max_classes_per_batch(space) == expected
-    seen = [TrainConfig.from_dict(space.to_config(s)).classes_per_batch
-            for s in sample(space, optuna.samplers.RandomSampler(seed=1), 300)]
+    seen = [TrainConfig.from_dict(space.to_config(s)).classes_per_batch for s in sample(space, optuna.samplers.RandomSampler(seed=1), 300)]
     assert max(seen) == expected
 
 
@@ -475,9 +501,17 @@ def test_max_classes_per_batch(tmp_path, spec, expected):
 
 
 def test_max_classes_per_batch_conditional_param(tmp_path):
-    space = load_space(write(tmp_path, {"params": {
-        "loss": {"type": "categorical", "choices": ["softmax", "ice"]},
-        "classes_per_batch": {"type": "int", "low": 4, "high": 8, "when": {"loss": "ice"}}}}))
+    space = load_space(
+        write(
+            tmp_path,
+            {
+                "params": {
+                    "loss": {"type": "categorical", "choices": ["softmax", "ice"]},
+                    "classes_per_batch": {"type": "int", "low": 4, "high": 8, "when": {"loss": "ice"}},
+                }
+            },
+        )
+    )
     assert reachable_max(space) == DEFAULT_C
     assert max_classes_per_batch(space) == DEFAULT_C
 
@@ -498,8 +532,15 @@ def test_max_classes_per_batch_step_not_dividing(tmp_path):
 def test_check_dataset_synthetic(tmp_path):
     # synthetic: 30 training classes, val_fraction 0.2 -> 24 fit classes; smoke reaches C = 8
     assert check_dataset(shipped("smoke"), None) == 24
-    too_big = load_space(write(tmp_path, {"fixed": {"dataset": "synthetic", "samples_per_class": 2},
-                                          "params": {"classes_per_batch": {"type": "int", "low": 8, "high": 32, "step": 8}}}))
+    too_big = load_space(
+        write(
+            tmp_path,
+            {
+                "fixed": {"dataset": "synthetic", "samples_per_class": 2},
+                "params": {"classes_per_batch": {"type": "int", "low": 8, "high": 32, "step": 8}},
+            },
+        )
+    )
     with pytest.raises(SpaceError) as info:
         check_dataset(too_big, None)
     message = str(info.value)
@@ -551,9 +592,29 @@ def test_parse_args_rejects_nan_gpus(capsys):
 
 
 def test_parse_args_accepts_good_flags():
-    args = parse_args(["--space", "smoke", "--num-samples", "4", "--max-concurrent", "1", "--gpus-per-trial", "0.25",
-                       "--study-name", "a.b-c_1", "--resume", "--metric", "val_map_at_r", "--reduction-factor", "2",
-                       "--grace-period", "1", "--epochs", "3"])
+    args = parse_args(
+        [
+            "--space",
+            "smoke",
+            "--num-samples",
+            "4",
+            "--max-concurrent",
+            "1",
+            "--gpus-per-trial",
+            "0.25",
+            "--study-name",
+            "a.b-c_1",
+            "--resume",
+            "--metric",
+            "val_map_at_r",
+            "--reduction-factor",
+            "2",
+            "--grace-period",
+            "1",
+            "--epochs",
+            "3",
+        ]
+    )
     assert (args.num_samples, args.max_concurrent, args.gpus_per_trial, args.study_name) == (4, 1, 0.25, "a.b-c_1")
     assert args.resume and args.metric == "val_map_at_r"
     defaults = parse_args([])

@@ -48,8 +48,12 @@ def train_dml(
     torch.set_num_threads(cpus)
     if device is None:
         device = "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
-    where = {"node": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(),
-             "node_id": ray.get_runtime_context().get_node_id(), "device": device}
+    where = {
+        "node": socket.gethostname(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "device": device,
+    }
 
     resume = None
     checkpoint = tune.get_checkpoint()
@@ -61,8 +65,10 @@ def train_dml(
         clean = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
         with tempfile.TemporaryDirectory() as folder:
             save_bundle(run.bundle(), Path(folder) / BUNDLE_NAME)
-            tune.report({**clean, **where, "resumed_from_epoch": int(resume["epoch"]) if resume else 0},
-                        checkpoint=tune.Checkpoint.from_directory(folder))
+            tune.report(
+                {**clean, **where, "resumed_from_epoch": int(resume["epoch"]) if resume else 0},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
 
     fit(
         train_config,

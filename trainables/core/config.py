@@ -85,9 +85,7 @@ class TrainConfig:
         allowed = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - set(allowed))
         if unknown:
-            raise ConfigError(
-                f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}"
-            )
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
         coerced = {k: _coerce(source, k, v, allowed[k].type) for k, v in values.items()}
         config = cls(**coerced)
         config._check(source)

@@ -276,7 +276,9 @@ def load_inshop(root: Path, image_size: int, download: bool = False) -> DatasetS
             raise DatasetError(f"{table}:{number}: evaluation_status {row[2]!r}; expected train, query or gallery")
         parts[row[2]][0].append(str(base / row[0]))
         parts[row[2]][1].append(index[row[1]])
-    train, query, gallery = (ImageSet(np.array(parts[k][1], dtype=np.int64), "photos", paths=parts[k][0]) for k in ("train", "query", "gallery"))
+    train, query, gallery = (
+        ImageSet(np.array(parts[k][1], dtype=np.int64), "photos", paths=parts[k][0]) for k in ("train", "query", "gallery")
+    )
     if min(len(train), len(query), len(gallery)) == 0:
         raise DatasetError(f"{table}: expected train, query and gallery images")
     return DatasetSplits(train, query, gallery=gallery, recall_ks=(1, 10, 20, 30))

@@ -26,7 +26,16 @@ from torch import nn
 from . import schedule
 from .checkpoint import rng_state, set_rng_state
 from .config import ConfigError, TrainConfig
-from .data import DatasetSplits, ImageSet, TorchImages, eval_transform, image_size_for, load_dataset, split_classes, train_transform
+from .data import (
+    DatasetSplits,
+    ImageSet,
+    TorchImages,
+    eval_transform,
+    image_size_for,
+    load_dataset,
+    split_classes,
+    train_transform,
+)
 from .losses import HeatedSoftmaxLoss, build_loss
 from .metrics import evaluate_embeddings
 from .models import EmbeddingNet
@@ -102,7 +111,9 @@ def train_one_epoch(
 
 
 @torch.no_grad()
-def embed(model: nn.Module, images: ImageSet, image_size: int, device: torch.device, *, batch_size: int = 256, num_workers: int = 0) -> torch.Tensor:
+def embed(
+    model: nn.Module, images: ImageSet, image_size: int, device: torch.device, *, batch_size: int = 256, num_workers: int = 0
+) -> torch.Tensor:
     """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation."""
     model.eval()
     loader = torch.utils.data.DataLoader(
@@ -134,7 +145,10 @@ def evaluate(
     queries = embed(model, images, image_size, device, num_workers=num_workers)
     kwargs: dict[str, Any] = {}
     if gallery is not None:
-        kwargs = {"gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers), "gallery_labels": gallery.labels}
+        kwargs = {
+            "gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers),
+            "gallery_labels": gallery.labels,
+        }
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
     return {f"{prefix}_{name}": value for name, value in metrics.items()}
 
@@ -241,7 +255,9 @@ def build_run(
     else:
         optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
     sampler = ClassBatchSampler(train_set.labels, config.classes_per_batch, config.samples_per_class, seed=config.seed)
-    return Run(config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes)
+    return Run(
+        config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes
+    )
 
 
 OnEpoch = Callable[[int, dict[str, float], Run], None]
@@ -295,7 +311,17 @@ def fit(
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
             tick = time.perf_counter()
             metrics.update(
-                evaluate(run.model, run.eval_set, run.image_size, run.device, prefix=run.prefix, ks=run.recall_ks, gallery=run.gallery, seed=config.seed, num_workers=num_workers)
+                evaluate(
+                    run.model,
+                    run.eval_set,
+                    run.image_size,
+                    run.device,
+                    prefix=run.prefix,
+                    ks=run.recall_ks,
+                    gallery=run.gallery,
+                    seed=config.seed,
+                    num_workers=num_workers,
+                )
             )
             metrics["time_eval_s"] = time.perf_counter() - tick
         metrics["epoch"] = run.epoch

@@ -84,10 +84,7 @@ def _as_labels(y: ArrayLike, name: str, n: int, embeddings_name: str) -> np.ndar
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array (N,), got shape {arr.shape}")
     if arr.shape[0] != n:
-        raise ValueError(
-            f"{name} has {arr.shape[0]} entries but {embeddings_name} has {n} rows; "
-            "they must match"
-        )
+        raise ValueError(f"{name} has {arr.shape[0]} entries but {embeddings_name} has {n} rows; they must match")
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.int64)
@@ -178,9 +175,7 @@ def knn(
     q = _as_float_matrix(queries, "queries")
     g = _as_float_matrix(gallery, "gallery")
     if q.shape[1] != g.shape[1]:
-        raise ValueError(
-            f"queries have dimension {q.shape[1]} but gallery has dimension {g.shape[1]}"
-        )
+        raise ValueError(f"queries have dimension {q.shape[1]} but gallery has dimension {g.shape[1]}")
     k = _check_positive_int(k, "k")
     chunk_size = _check_positive_int(chunk_size, "chunk_size")
     self_ids = None
@@ -252,10 +247,7 @@ def retrieval_metrics(
         g = _l2_normalize(_as_float_matrix(gallery_embeddings, "gallery_embeddings"))
         g_labels = _as_labels(gallery_labels, "gallery_labels", g.shape[0], "gallery_embeddings")
         if g.shape[1] != q.shape[1]:
-            raise ValueError(
-                f"embeddings have dimension {q.shape[1]} but gallery_embeddings have "
-                f"dimension {g.shape[1]}"
-            )
+            raise ValueError(f"embeddings have dimension {q.shape[1]} but gallery_embeddings have dimension {g.shape[1]}")
 
     # R per query: gallery items sharing its label (minus itself in self mode).
     uniq, counts = np.unique(g_labels, return_counts=True)
@@ -267,9 +259,7 @@ def retrieval_metrics(
 
     names = [f"recall_at_{k}" for k in ks] + ["map_at_r", "r_precision"]
     if valid.size == 0:
-        logger.warning(
-            "no query has another item of its label to retrieve; retrieval metrics are NaN"
-        )
+        logger.warning("no query has another item of its label to retrieve; retrieval metrics are NaN")
         return {name: float("nan") for name in names}
 
     available = g.shape[0] - (1 if self_mode else 0)
@@ -353,9 +343,7 @@ def nmi(
         init = _kmeans_plus_plus(x, n_clusters, np.random.default_rng(run_seed))
         kmeans.train(x, init_centroids=init)
         _, assignment = kmeans.index.search(x, 1)
-        scores.append(
-            normalized_mutual_info_score(y, assignment.ravel(), average_method="arithmetic")
-        )
+        scores.append(normalized_mutual_info_score(y, assignment.ravel(), average_method="arithmetic"))
     return float(np.mean(scores))
 
 
@@ -440,4 +428,3 @@ def evaluate_embeddings(
         )
     out["nmi"] = nmi(x, y, n_runs=nmi_runs, seed=seed)
     return out
-

@@ -108,7 +108,11 @@ def load_weights(net: nn.Module, path: str, backbone: str) -> None:
     own = net.state_dict()
     wrong = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if result.missing_keys or result.unexpected_keys or wrong:
-        detail = (wrong and f"shape mismatch at {wrong[0]}") or (result.missing_keys and f"missing {result.missing_keys[0]}") or f"unexpected {result.unexpected_keys[0]}"
+        detail = (
+            (wrong and f"shape mismatch at {wrong[0]}")
+            or (result.missing_keys and f"missing {result.missing_keys[0]}")
+            or f"unexpected {result.unexpected_keys[0]}"
+        )
         raise WeightsError(f"{file}: does not fit backbone {backbone!r} ({detail})")
 
 

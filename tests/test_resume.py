@@ -1,0 +1,100 @@
+"""Killing the driver of a running study (SIGKILL) and resuming it: nothing lost, nothing duplicated."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_launch import study_records
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def epochs_logged(runs: Path, name: str) -> list[int]:
+    db = runs / "mlflow.db"
+    if not db.exists():
+        return []
+    try:
+        client = mlflow.MlflowClient(f"sqlite:///{db}")
+        exp = client.get_experiment_by_name("dml-studies")
+        if exp is None:
+            return []
+        found = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = 'trial'")
+        return [int(r.data.metrics.get("epoch", 0)) for r in found]
+    except Exception:  # the database is being created by the driver
+        return []
+
+
+def test_sigkill_driver_then_resume_completes_without_duplicates(tmp_path):
+    runs = tmp_path / "runs"
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    args = [
+        "--space",
+        "smoke",
+        "--num-samples",
+        "4",
+        "--max-concurrent",
+        "2",
+        "--epochs",
+        "8",
+        "--grace-period",
+        "8",
+        "--study-name",
+        "killed",
+    ]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "study.launch", *args],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: any(e >= 2 for e in epochs_logged(runs, "killed")), 240, "a trial to log 2 epochs")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        driver.wait()
+    before = epochs_logged(runs, "killed")
+    out = subprocess.run(
+        [sys.executable, "-m", "study.launch", "--study-name", "killed", "--resume", "--space", "smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parent, children, study = study_records(runs, "killed")
+    assert parent[0].info.status == "FINISHED"
+    assert len(children) == len(study.trials) == 4  # exactly one child run per trial
+    assert len({r.data.tags["trial_id"] for r in children}) == 4
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert all(t.state.name == "COMPLETE" for t in study.trials)
+    for run in children:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+        assert steps == list(range(1, 9))
+    # a trial that had checkpointed continued from it instead of starting over
+    resumed = [max((m.value for m in client.get_metric_history(r.info.run_id, "resumed_from_epoch")), default=0) for r in children]
+    assert max(resumed) >= 1 and max(before) >= 2
+    assert all(not math.isnan(t.value) for t in study.trials)
