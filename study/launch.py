@@ -52,9 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = parser.add_argument
     a(
         "--space",
-        default="default",
         help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
-        "(default, heated_softmax, ice, paper_ablation, smoke); default: default",
+        "(default, heated_softmax, ice, paper_ablation, smoke); default: default (with --resume: the study's own)",
     )
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
     a("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); every node of a cluster needs it at this path")
@@ -110,6 +109,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- validation
+def resumed_settings(args: argparse.Namespace) -> None:
+    """With --resume, the space and epochs default to those the study was started with (its MLflow parent's params)."""
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    tracking.check_reachable(uri)
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name(args.experiment)
+    parent = tracking.find_study_run(client, experiment.experiment_id, args.study_name) if experiment else None
+    if parent is None:
+        raise UsageError(
+            f"--resume: no study {args.study_name!r} in MLflow experiment {args.experiment!r} at {uri}; "
+            "expected the --study-name of an interrupted study"
+        )
+    params = parent.data.params
+    args.space = args.space or params.get("space")
+    if args.epochs is None and "epochs" in params:
+        args.epochs = int(params["epochs"])
+
+
 def prepare_space(args: argparse.Namespace) -> Space:
     """The space with --dataset / --epochs applied, validated as a whole."""
     space = load_space(args.space)
@@ -205,11 +222,14 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.callbacks import MlflowTrials, Progress
+    from study.callbacks import MlflowTrials, Progress, TrialRecorder
     from study.search import OptunaSearcher
     from trainables.dml import train_dml
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.resume:
+        resumed_settings(args)
+    args.space = args.space or "default"
     space = prepare_space(args)
     max_epochs = base_config(space).epochs
     metric, mode = args.metric, METRICS[args.metric]
@@ -228,6 +248,7 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--resume: no study {study_name!r} under {storage_path}; expected the --study-name of an interrupted study")
 
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    tracking.check_reachable(uri)
     experiment_id = tracking.setup(uri, args.experiment)
     client = mlflow.MlflowClient(uri)
     parent = tracking.find_study_run(client, experiment_id, study_name)
@@ -235,59 +256,50 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--resume: no MLflow parent run for study {study_name!r} in experiment {args.experiment!r} at {uri}")
     if not args.resume and parent is not None:
         raise UsageError(f"--study-name {study_name}: MLflow already has this study; pass --resume or choose another name")
-    study = open_optuna(args, optuna_url, study_name, mode)
-
-    if parent is None:
-        parent = client.create_run(
-            experiment_id,
-            run_name=study_name,
-            tags={**tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space.path},
-        )
-        client.log_batch(
-            parent.info.run_id,
-            params=[
-                mlflow.entities.Param(k, str(v))
-                for k, v in {
-                    "space": space.path,
-                    "metric": metric,
-                    "mode": mode,
-                    "num_samples": num_samples,
-                    "epochs": max_epochs,
-                    "grace_period": args.grace_period,
-                    "reduction_factor": args.reduction_factor,
-                    "max_concurrent": args.max_concurrent,
-                    "cpus_per_trial": args.cpus_per_trial,
-                    "gpus_per_trial": args.gpus_per_trial,
-                    "seed": args.seed,
-                    "optuna_storage": optuna_url,
-                    "storage_path": storage_path,
-                    "fit_classes": n_fit,
-                    **{f"fixed.{k}": v for k, v in space.fixed.items()},
-                }.items()
-            ],
-        )
-        client.log_artifact(parent.info.run_id, space.path)
-    else:
+    # without --address always a fresh local Ray, never one that happens to run on this machine
+    ray.init(
+        address=args.address or "local",
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        ignore_reinit_error=True,
+        runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if args.address is None else None,
+    )
+    try:
+        if args.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
+            raise UsageError(f"--gpus-per-trial {args.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
+        # from here on the study exists: its Optuna study and MLflow parent run are created together
+        study = open_optuna(args, optuna_url, study_name, mode)
+        extra = {
+            "metric": metric,
+            "mode": mode,
+            "num_samples": num_samples,
+            "epochs": max_epochs,
+            "optuna_storage": optuna_url,
+            "storage_path": storage_path,
+            "fit_classes": n_fit,
+        }
+        try:
+            parent = parent or create_parent(client, experiment_id, study_name, space, args, extra)
+        except BaseException:
+            if not args.resume:  # no half-created study: the Optuna study goes with the parent run
+                optuna.delete_study(study_name=study_name, storage=study._storage)
+            raise
+    except BaseException:
+        ray.shutdown()
+        raise
+    if args.resume:
         client.update_run(parent.info.run_id, status="RUNNING")
     parent_id = parent.info.run_id
     started = time.time()
     try:
-        # without --address always a fresh local Ray, never one that happens to run on this machine
-        ray.init(
-            address=args.address or "local",
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            ignore_reinit_error=True,
-            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if args.address is None else None,
-        )
-        if args.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
-            raise UsageError(f"--gpus-per-trial {args.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
         trainable = tune.with_resources(
             tune.with_parameters(train_dml, data_root=args.data_root or os.environ.get(DATA_ROOT_ENV)),
             {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial},
         )
+        recorder = TrialRecorder(uri, experiment_id, parent_id, study_name, max_epochs, spool_path(study_name))
         if args.resume:
+            recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
             reconcile_before_resume(study, client, experiment_id, parent_id, experiment_dir)
             tuner = tune.Tuner.restore(experiment_dir, trainable, resume_unfinished=True, resume_errored=False)
         else:
@@ -311,7 +323,7 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
                     storage_path=storage_path,
                     verbose=0,
                     callbacks=[
-                        MlflowTrials(uri, experiment_id, parent_id, study_name, max_epochs),
+                        MlflowTrials(recorder),
                         Progress(metric, mode, max_epochs, num_samples),
                     ],
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -324,18 +336,42 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
         tuner.fit()
-        summary = finish_study(study, client, experiment_id, parent_id, metric, mode, max_epochs, time.time() - started)
+        summary = finish_study(study, recorder, metric, mode, time.time() - started)
     except BaseException as error:
         reason = "interrupted" if isinstance(error, KeyboardInterrupt) else tracking.first_error_line(str(error)) or type(error).__name__
-        ids = [r.info.run_id for r in tracking.child_runs(client, experiment_id, parent_id)]
-        tracking.fail_orphans(client, ids, f"study stopped: {reason}")
-        client.set_tag(parent_id, "failure_reason", reason)
-        client.set_terminated(parent_id, status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        try:
+            ids = [r.info.run_id for r in tracking.child_runs(client, experiment_id, parent_id)]
+            tracking.fail_orphans(client, ids, f"study stopped: {reason}")
+            client.set_tag(parent_id, "failure_reason", reason)
+            client.set_terminated(parent_id, status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        except Exception as mlflow_error:  # MLflow itself may be what failed
+            detail = tracking.first_error_line(str(mlflow_error))
+            print(f"warning: could not mark the study's MLflow runs as stopped ({detail})", file=sys.stderr)
         raise
     finally:
         if ray.is_initialized():
             ray.shutdown()
     return {"study_name": study_name, "uri": uri, "parent_run_id": parent_id, "experiment": args.experiment, **summary}
+
+
+def create_parent(client, experiment_id: str, study_name: str, space: Space, args: argparse.Namespace, extra: dict[str, Any]):
+    """The study's MLflow parent run, with the study's settings as params and its space as an artifact."""
+    tags = {**tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space.path}
+    parent = client.create_run(experiment_id, run_name=study_name, tags=tags)
+    params = {
+        "space": space.path,
+        "grace_period": args.grace_period,
+        "reduction_factor": args.reduction_factor,
+        "max_concurrent": args.max_concurrent,
+        "cpus_per_trial": args.cpus_per_trial,
+        "gpus_per_trial": args.gpus_per_trial,
+        "seed": args.seed,
+        **extra,
+        **{f"fixed.{k}": v for k, v in space.fixed.items()},
+    }
+    client.log_batch(parent.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+    client.log_artifact(parent.info.run_id, space.path)
+    return parent
 
 
 def reconcile_before_resume(study: optuna.Study, client, experiment_id: str, parent_id: str, experiment_dir: str) -> None:
@@ -353,27 +389,18 @@ def reconcile_before_resume(study: optuna.Study, client, experiment_id: str, par
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def finish_study(
-    study: optuna.Study, client, experiment_id: str, parent_id: str, metric: str, mode: str, max_epochs: int, wall_s: float
-) -> dict[str, Any]:
-    """Best config, trials table, plots and summary metrics on the parent run; marks it FINISHED."""
-    from study.report import study_artifacts
+def spool_path(study_name: str) -> str:
+    return str(tracking.runs_dir() / "spool" / f"{study_name}.jsonl")
 
+
+def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, Any]:
+    """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth)."""
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
-    children = {r.data.tags.get("trial_id"): r for r in tracking.child_runs(client, experiment_id, parent_id)}
-    for t in trials:
-        run = children.get(t.user_attrs.get("tune_trial_id"))
-        if run is not None:
-            client.set_tag(run.info.run_id, "optuna_trial_number", str(t.number))
-            client.set_tag(run.info.run_id, "optuna_state", t.state.name)
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     best = None
     if complete:
         best = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in study_artifacts(study, children, Path(tmp), metric, best):
-            client.log_artifact(parent_id, str(path))
     metrics = {
         "n_trials": len(trials),
         "n_complete": counts["COMPLETE"],
@@ -382,17 +409,70 @@ def finish_study(
         "wall_time_s": wall_s,
         "epochs_spent": float(sum(len(t.intermediate_values) for t in trials)),
     }
+    return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
+
+
+def finish_study(study: optuna.Study, recorder, metric: str, mode: str, wall_s: float) -> dict[str, Any]:
+    """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
+
+    When MLflow cannot be reached, nothing is lost: the trial records stay in the spool and the Optuna
+    storage holds the rest; ``python -m study.sync --study NAME`` writes them later.
+    """
+    # the study is over: a trial still RUNNING was orphaned by a killed driver and never continued
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    summary = summarize_study(study, mode, wall_s)
+    summary["mlflow_synced"] = False
+    try:
+        if not recorder.flush(force=True):
+            raise ConnectionError("the kept trial records could not be written")
+        write_study_records(study, recorder, metric, summary)
+        summary["mlflow_synced"] = True
+    except Exception as error:  # any MLflow failure: report, keep, and let the user sync
+        summary["mlflow_error"] = tracking.first_error_line(str(error)) or type(error).__name__
+    summary["outages"] = sum(e["event"] == "unreachable" for e in recorder.events())
+    return summary
+
+
+def write_study_records(study: optuna.Study, recorder, metric: str, summary: dict[str, Any]) -> None:
+    from study.report import study_artifacts
+
+    client, parent_id = recorder.client, recorder.parent_run_id
+    children = {r.data.tags.get("trial_id"): r for r in tracking.child_runs(client, recorder.experiment_id, parent_id)}
+    for t in study.get_trials(deepcopy=False):
+        run = children.get(t.user_attrs.get("tune_trial_id"))
+        if run is not None:
+            client.set_tag(run.info.run_id, "optuna_trial_number", str(t.number))
+            client.set_tag(run.info.run_id, "optuna_state", t.state.name)
+    orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
+    tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
+    best = summary["best"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in study_artifacts(study, children, Path(tmp), metric, best):
+            client.log_artifact(parent_id, str(path))
+    metrics = dict(summary["metrics"])
     if best is not None:
         metrics[f"best_{metric}"] = float(best.value)
         client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
     for key, value in metrics.items():
         client.log_metric(parent_id, key, float(value))
     client.set_terminated(parent_id, status="FINISHED")
-    return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
 
 
 def print_summary(outcome: dict[str, Any], metric: str) -> None:
     m = outcome["metrics"]
+    if outcome.get("outages"):
+        print(
+            f"\nMLflow was unreachable {outcome['outages']} time(s) during the study; training went on"
+            + ("; the records kept meanwhile were written when it returned." if outcome.get("mlflow_synced", True) else ".")
+        )
+    if not outcome.get("mlflow_synced", True):
+        print(
+            f"\nwarning: MLflow at {outcome['uri']} could not be written at the end ({outcome.get('mlflow_error')}). Nothing is lost: "
+            f"trial records are kept in {spool_path(outcome['study_name'])} and the trials in the Optuna storage.\n"
+            f"write them when MLflow is back:  python -m study.sync --study {outcome['study_name']} --experiment {outcome['experiment']}"
+            + (f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else "")
+        )
     print(
         f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
         f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"

@@ -22,6 +22,9 @@ from trainables.core.config import TrainConfig
 from trainables.core.data import preprocess_batch
 from trainables.core.engine import Run, build_model
 
+# MLflow suggests type hints on predict; its input is a plain uint8 array, validated in preprocess_batch
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
+
 
 class EmbeddingModel(mlflow.pyfunc.PythonModel):
     """Images -> embeddings, with the preprocessing of the run that trained it."""

@@ -21,6 +21,11 @@ import yaml
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# Bound how long one MLflow call may block (stock settings retry for minutes); a study keeps
+# records locally while the server is away instead of waiting for it.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 for _name in ("mlflow", "alembic"):  # their INFO lines (database migrations) are not for the user
     logging.getLogger(_name).setLevel(logging.WARNING)
 
@@ -48,6 +53,24 @@ def ui_command(uri: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {uri} in a browser (or: mlflow ui --backend-store-uri <the server's store>)"
     return f"mlflow ui --backend-store-uri {uri}"
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """A tracking server must answer its health check within ``timeout`` seconds (refused: at once)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
+            if response.status != 200:
+                raise OSError(f"HTTP {response.status}")
+    except (OSError, urllib.error.URLError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise UsageError(
+            f"--tracking-uri {uri}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere"
+        ) from None
 
 
 def setup(uri: str, experiment: str) -> str:

@@ -30,3 +30,28 @@ def runs(tmp_path, monkeypatch) -> Path:
 
 def python() -> str:
     return sys.executable
+
+
+class Payload:
+    """Unpickling this runs ``touch <target>``: a code-executing pickle."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def write_malicious_pickle(path: Path, target: Path, writer: str = "pickle.dump", key: str = "model", extra: dict | None = None) -> Path:
+    """A file whose unpickling would create ``target``, written with torch.save or pickle.dump."""
+    import pickle
+
+    import torch
+
+    payload = {**(extra or {}), key: Payload(str(target))}
+    if writer == "torch.save":
+        torch.save(payload, path)
+    else:
+        with open(path, "wb") as fh:
+            pickle.dump(payload, fh)
+    return path

@@ -8,14 +8,13 @@ from the layer arithmetic.
 from __future__ import annotations
 
 import math
-import os
-import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
 
+from tests.conftest import write_malicious_pickle
 from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.models import BNNormalize, EmbeddingNet, SmallCNN, WeightsError
 
@@ -149,27 +148,12 @@ def test_missing_weights_file_raises(tmp_path):
         EmbeddingNet("small_cnn", 16, "l2", in_channels=1, image_size=32, pretrained=str(tmp_path / "nowhere.pt"))
 
 
-class Payload:
-    """Unpickling this runs ``touch <target>``."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.target}",))
-
-
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
 def test_code_executing_pickle_is_refused(tmp_path, writer):
     pwned = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
-    payload = {"conv1.weight": Payload(str(pwned))}
-    if writer == "torch.save":
-        torch.save(payload, path)
-    else:
-        with open(path, "wb") as fh:
-            pickle.dump(payload, fh)
+    write_malicious_pickle(path, pwned, writer, key="conv1.weight")
     assert not pwned.exists()
     with pytest.raises(WeightsError, match="evil.pt"):
         EmbeddingNet("resnet18", 16, "l2", in_channels=3, image_size=64, pretrained=str(path))

@@ -11,14 +11,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import os
-import pickle
 import random
 
 import numpy as np
 import pytest
 import torch
 
+from tests.conftest import write_malicious_pickle
 from trainables.core import schedule
 from trainables.core.checkpoint import (
     CheckpointError,
@@ -249,25 +248,12 @@ def test_missing_or_foreign_bundle_raises(tmp_path):
         load_bundle(foreign)
 
 
-class Payload:
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.target}",))
-
-
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
 def test_malicious_bundle_is_refused_without_running(tmp_path, writer):
     pwned = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
-    payload = {"format": 1, "config": {}, "epoch": 1, "model": Payload(str(pwned))}
-    if writer == "torch.save":
-        torch.save(payload, path)
-    else:
-        with open(path, "wb") as fh:
-            pickle.dump(payload, fh)
+    write_malicious_pickle(path, pwned, writer, key="model", extra={"format": 1, "config": {}, "epoch": 1})
     with pytest.raises(CheckpointError, match="evil.pt"):
         load_bundle(path)
     assert not pwned.exists()

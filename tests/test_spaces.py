@@ -618,7 +618,7 @@ def test_parse_args_accepts_good_flags():
     assert (args.num_samples, args.max_concurrent, args.gpus_per_trial, args.study_name) == (4, 1, 0.25, "a.b-c_1")
     assert args.resume and args.metric == "val_map_at_r"
     defaults = parse_args([])
-    assert defaults.space == "default" and defaults.num_samples is None and defaults.metric in launch.METRICS
+    assert defaults.space is None and defaults.num_samples is None and defaults.metric in launch.METRICS
 
 
 def test_prepare_space_overrides(tmp_path):

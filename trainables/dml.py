@@ -22,8 +22,11 @@ import torch
 from ray import tune
 
 from trainables.core.checkpoint import BUNDLE_NAME, load_bundle, save_bundle
-from trainables.core.config import TrainConfig
-from trainables.core.engine import Run, fit
+from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.data import DatasetError
+from trainables.core.engine import Run, TrainingDiverged, fit
+
+DETERMINISTIC_FAILURE = "deterministic_failure.txt"
 
 
 def _resources() -> tuple[int, float]:
@@ -55,6 +58,12 @@ def train_dml(
         "device": device,
     }
 
+    # A deterministic failure (divergence, a corrupt image, a bad config) is not worth a retry:
+    # the first attempt leaves a marker, and a retry stops at once with the same message.
+    marker = Path(tune.get_context().get_trial_dir() or tempfile.gettempdir()) / DETERMINISTIC_FAILURE
+    if marker.is_file():
+        raise RuntimeError(f"not retried: {marker.read_text().strip()}")
+
     resume = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -70,12 +79,17 @@ def train_dml(
                 checkpoint=tune.Checkpoint.from_directory(folder),
             )
 
-    fit(
-        train_config,
-        on_epoch,
-        mode="study",
-        data_root=data_root or os.environ.get("DML_DATA_ROOT"),
-        device=torch.device(device),
-        resume=resume,
-        num_workers=num_workers,
-    )
+    try:
+        fit(
+            train_config,
+            on_epoch,
+            mode="study",
+            data_root=data_root or os.environ.get("DML_DATA_ROOT"),
+            device=torch.device(device),
+            resume=resume,
+            num_workers=num_workers,
+        )
+    except (TrainingDiverged, DatasetError, ConfigError) as error:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{type(error).__name__}: {error}")
+        raise

@@ -88,7 +88,7 @@ def train_one_epoch(
             embeddings = model(images)
         loss = loss_fn(embeddings.float(), labels)
         if not torch.isfinite(loss):
-            raise TrainingDiverged(f"non-finite loss ({float(loss)}) at epoch {epoch + 1}, step {step + 1}")
+            raise TrainingDiverged(f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step {step + 1}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

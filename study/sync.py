@@ -1,0 +1,59 @@
+"""python -m study.sync: write a study's kept records to MLflow after an outage.
+
+While the MLflow tracking server is unreachable, study.launch keeps trial
+records in a local spool file (./runs/spool/NAME.jsonl) and the trials
+themselves in the Optuna storage. This command writes both to MLflow once it
+is back: the trial runs with every epoch, then the study's best config,
+trials table, plots and summary metrics on the parent run. Running it twice
+writes nothing twice.
+
+Example:
+  python -m study.sync --study default-20261121-120000 --tracking-uri http://127.0.0.1:5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import mlflow
+import optuna
+
+from study import tracking
+from study.tracking import UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="python -m study.sync", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--study", required=True, help="the study's name (its --study-name)")
+    parser.add_argument("--experiment", default="dml-studies", help="MLflow experiment of the study (default dml-studies)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./runs/mlflow.db)")
+    args = parser.parse_args(argv)
+    from study.callbacks import TrialRecorder
+    from study.launch import finish_study, print_summary, spool_path
+    from study.search import open_storage
+
+    try:
+        uri = tracking.resolve_tracking_uri(args.tracking_uri)
+        tracking.check_reachable(uri)
+        experiment_id = tracking.setup(uri, args.experiment)
+        client = mlflow.MlflowClient(uri)
+        parent = tracking.find_study_run(client, experiment_id, args.study)
+        if parent is None:
+            raise UsageError(f"--study {args.study}: no such study in experiment {args.experiment!r} at {uri}")
+        params = parent.data.params
+        study = optuna.load_study(study_name=args.study, storage=open_storage(params["optuna_storage"]))
+        recorder = TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, int(params["epochs"]), spool_path(args.study))
+        summary = finish_study(study, recorder, params["metric"], params["mode"], float(parent.data.metrics.get("wall_time_s", 0.0)))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print_summary({"study_name": args.study, "uri": uri, "experiment": args.experiment, **summary}, params["metric"])
+    return 0 if summary["mlflow_synced"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
