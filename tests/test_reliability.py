@@ -446,3 +446,44 @@ def test_no_credentials_in_the_repository():
     pattern = re.compile(r"AKIA[0-9A-Z]{16}|aws_secret_access_key\\s*[=:]|-----BEGIN [A-Z ]*PRIVATE KEY-----|ghp_[A-Za-z0-9]{36}")
     hits = [path for path in tracked if (ROOT / path).is_file() and pattern.search((ROOT / path).read_text(errors="ignore"))]
     assert hits == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_failures", [1, 0])
+def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkeypatch, max_failures):
+    """Every trial raises once while finishing epoch 2 (a simulated out-of-memory error). With a retry it continues
+    from its last checkpoint (epoch 1: the failing epoch was never reported); without one it fails, its error kept."""
+    monkeypatch.setenv("DML_INJECT_FAULT_AT_EPOCH", "2")
+    name = f"flaky{max_failures}"
+    code = launch.main(
+        [
+            "--space",
+            str(SMOKE),
+            "--num-samples",
+            "2",
+            "--epochs",
+            "4",
+            "--grace-period",
+            "4",
+            "--study-name",
+            name,
+            "--max-failures",
+            str(max_failures),
+        ]
+    )
+    assert code == 0
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dml-studies")
+    children = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = 'trial'")
+    study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))
+    assert len(children) == 2
+    for run in children:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+        if max_failures:
+            assert run.info.status == "FINISHED" and steps == [1, 2, 3, 4]
+            resumed = max(m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_epoch"))
+            assert resumed == 1  # continued from its last checkpoint, not from scratch
+        else:
+            assert run.info.status == "FAILED" and steps == [1]
+            assert "injected fault at epoch 2" in run.data.tags["failure_reason"]
+    assert {t.state.name for t in study.trials} == ({"COMPLETE"} if max_failures else {"FAIL"})

@@ -27,6 +27,8 @@ from trainables.core.data import DatasetError
 from trainables.core.engine import Run, TrainingDiverged, fit
 
 DETERMINISTIC_FAILURE = "deterministic_failure.txt"
+# Fault injection for reliability tests: each trial raises once, after training this epoch (before reporting it).
+FAULT_ENV = "DML_INJECT_FAULT_AT_EPOCH"
 
 
 def _resources() -> tuple[int, float]:
@@ -70,7 +72,14 @@ def train_dml(
         with checkpoint.as_directory() as folder:
             resume = load_bundle(Path(folder) / BUNDLE_NAME)
 
+    fault_epoch = int(os.environ.get(FAULT_ENV, "0") or 0)
+    fault_done = marker.with_name("injected_fault_done")
+
     def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
+        if epoch == fault_epoch and not fault_done.exists():  # a transient failure, for reliability tests
+            fault_done.parent.mkdir(parents=True, exist_ok=True)
+            fault_done.touch()
+            raise RuntimeError(f"injected fault at epoch {epoch} (simulated out of memory)")
         clean = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
         with tempfile.TemporaryDirectory() as folder:
             save_bundle(run.bundle(), Path(folder) / BUNDLE_NAME)
