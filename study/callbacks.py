@@ -186,6 +186,15 @@ class TrialRecorder:
             client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
 
 
+def trial_error_text(trial) -> str | None:
+    """The trial's error: Tune writes it to the trial's local folder first and syncs it to storage later."""
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return f.read()
+    return trial.get_error() if hasattr(trial, "get_error") else None
+
+
 class MlflowTrials(Callback):
     """One MLflow child run per trial (see TrialRecorder); the driver is the only writer."""
 
@@ -220,7 +229,7 @@ class MlflowTrials(Callback):
         self.recorder.submit({"op": "complete", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        reason = first_error_line(trial.get_error() if hasattr(trial, "get_error") else None)
+        reason = first_error_line(trial_error_text(trial))
         tags = {"failure_reason": reason, "trial_state": "FAIL", "stopped_by_asha": "false"}
         self.recorder.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
