@@ -183,6 +183,12 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     return len(fit_classes)
 
 
+def absolute_data_root(flag: str | None) -> str | None:
+    """The data root as an absolute path: Tune runs each trial in its own working directory."""
+    value = flag or os.environ.get(DATA_ROOT_ENV)
+    return str(Path(value).expanduser().resolve()) if value else None
+
+
 def check_storage(path: str) -> str:
     """A local storage path must be a writable folder; URIs (s3://, gs://) are left to Ray."""
     if "://" in path:
@@ -294,7 +300,7 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     try:
         trainable = tune.with_resources(
-            tune.with_parameters(train_dml, data_root=args.data_root or os.environ.get(DATA_ROOT_ENV)),
+            tune.with_parameters(train_dml, data_root=absolute_data_root(args.data_root)),
             {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial},
         )
         recorder = TrialRecorder(uri, experiment_id, parent_id, study_name, max_epochs, spool_path(study_name))
