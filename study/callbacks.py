@@ -62,7 +62,6 @@ class TrialRecorder:
         self.pending: list[dict[str, Any]] | None = None
         self.offline_since: float | None = None
         self.last_attempt = 0.0
-        self.outages = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "pending": None, "run_ids": {}, "logged_step": {}}
@@ -104,7 +103,7 @@ class TrialRecorder:
                 self._apply(pending[0])
             except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
                 if self.offline_since is None:
-                    self.offline_since, self.outages = time.time(), self.outages + 1
+                    self.offline_since = time.time()
                     self._event("unreachable", first_error_line(str(error))[:500])
                     print(
                         f"warning: MLflow at {self.tracking_uri} is unreachable ({first_error_line(str(error))[:200]}); "

@@ -62,8 +62,6 @@ class OptunaSearcher(Searcher):
         self.space, self.storage_url, self.study_name = space, storage_url, study_name
         self.max_epochs, self.seed, self.overrides = max_epochs, seed, dict(overrides or {})
         self.numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.suggested: dict[str, dict[str, Any]] = {}
         self._study: optuna.Study | None = None
 
     # -- the Optuna study, opened lazily (not pickled) ----------------------------
@@ -78,10 +76,12 @@ class OptunaSearcher(Searcher):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_study": None}
 
+    def _frozen(self, trial_id: str) -> optuna.trial.FrozenTrial:
+        storage = self.study._storage
+        return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(self.study._study_id, self.numbers[trial_id]))
+
     def _trial(self, trial_id: str) -> optuna.Trial:
-        number = self.numbers[trial_id]
-        frozen = self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number))
-        return optuna.Trial(self.study, frozen._trial_id)
+        return optuna.Trial(self.study, self._frozen(trial_id)._trial_id)
 
     # -- Searcher interface -------------------------------------------------------
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
@@ -93,8 +93,6 @@ class OptunaSearcher(Searcher):
         config = self.space.to_config(suggested, self.overrides)
         trial.set_user_attr("config", config)
         self.numbers[trial_id] = trial.number
-        self.configs[trial_id] = config
-        self.suggested[trial_id] = suggested
         return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -102,19 +100,18 @@ class OptunaSearcher(Searcher):
         step = result.get("training_iteration")
         if trial_id not in self.numbers or step is None or value is None or not math.isfinite(value):
             return
-        trial = self._trial(trial_id)
-        if step not in trial.storage.get_trial(trial._trial_id).intermediate_values:
-            trial.report(float(value), int(step))
+        frozen = self._frozen(trial_id)
+        if not frozen.state.is_finished() and step not in frozen.intermediate_values:
+            self._trial(trial_id).report(float(value), int(step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.numbers:
             return
+        if self._frozen(trial_id).state.is_finished():
+            return
         if result:
             self.on_trial_result(trial_id, result)  # Tune hands the last result only to on_trial_complete
         number = self.numbers[trial_id]
-        frozen = self.study._storage.get_trial(self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number))
-        if frozen.state.is_finished():
-            return
         value = (result or {}).get(self.metric)
         epochs = (result or {}).get("training_iteration", 0)
         try:
@@ -129,20 +126,11 @@ class OptunaSearcher(Searcher):
             if "Study.stop" not in str(stop):
                 raise
 
-    def state_of(self, trial_id: str) -> str | None:
-        """The Optuna state name of a Tune trial (COMPLETE, PRUNED, FAIL, RUNNING)."""
-        if trial_id not in self.numbers:
-            return None
-        number = self.numbers[trial_id]
-        return self.study._storage.get_trial(
-            self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
-        ).state.name
-
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as f:
-            json.dump({"numbers": self.numbers, "configs": self.configs, "suggested": self.suggested}, f)
+            json.dump({"numbers": self.numbers}, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path) as f:
             state = json.load(f)
-        self.numbers, self.configs, self.suggested = state["numbers"], state["configs"], state.get("suggested", {})
+        self.numbers = state["numbers"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,6 @@ def runs(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("DML_RUNS_DIR", str(folder))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return folder
-
-
-def python() -> str:
-    return sys.executable
 
 
 class Payload:
