@@ -10,11 +10,13 @@ embeddings out).
 Examples:
   python -m study.final --data-root ../shared/data              # HBN on Omniglot (embedded default)
   python -m study.final --config configs/omniglot_sm.yaml --seeds 3
+  python -m study.final --space paper_ablation --seeds 3      # every variant of a grid space, 3 seeds each
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import sys
@@ -54,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "heated-up softmax with BN features, alpha 16 -> 4, on Omniglot",
     )
     parser.add_argument(
+        "--space",
+        help="a grid or variants search space (file or shipped name): train every configuration of it with --seeds seeds, "
+        "as children of one parent run named after the space (tag study_name), for a table with python -m study.report",
+    )
+    parser.add_argument(
         "--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); Omniglot is looked up in <root>/omniglot/"
     )
     parser.add_argument("--download", action="store_true", help="download Omniglot into the data root when it is missing (needs internet)")
@@ -77,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
     )
     args = parser.parse_args(argv)
-    if args.study and args.config:
-        parser.error("--study and --config exclude each other: retrain a study's best config or a config file")
+    if sum(bool(x) for x in (args.study, args.config, args.space)) > 1:
+        parser.error("--study, --config and --space exclude each other: retrain a study's best config, a config file or a grid space")
     if args.experiment is None:
         args.experiment = "dml-studies" if args.study else "final"
     if args.seeds < 1:
@@ -184,56 +191,105 @@ def study_config(args: argparse.Namespace, uri: str) -> tuple[TrainConfig, str, 
     return config, args.study, experiment.experiment_id, parent.info.run_id
 
 
+def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:
+    """Every configuration of a grid or variants space, named, validated: ([(name, config)], space name)."""
+    from study.spaces import VARIANT, load_space
+
+    space = load_space(path)
+    if not space.is_grid:
+        raise UsageError(f"--space {path}: a searched space (params); expected a grid or variants space, whose configurations are fixed")
+    names = list(space.grid_search_space())
+    configs = []
+    for combo in itertools.product(*space.grid_search_space().values()):
+        point = dict(zip(names, combo))
+        name = str(point[VARIANT]) if VARIANT in point else ",".join(f"{k}={v}" for k, v in point.items())
+        overrides = {"epochs": epochs} if epochs is not None else None
+        configs.append((name, TrainConfig.from_dict(space.to_config(point, overrides), source=f"{space.path} ({name})")))
+    return configs, space.name
+
+
 def run_final(args: argparse.Namespace) -> dict[str, Any]:
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    study_parent = None
     if args.study:
         config, name, experiment_id, study_parent = study_config(args, uri)
-        source = f"best_config.yaml of study {args.study}"
+        configurations, source = [(name, config)], f"best_config.yaml of study {args.study}"
+    elif args.space:
+        configurations, name = space_configs(args.space, args.epochs)
+        source = args.space
     else:
         config, name = load_config(args.config, args.epochs)
-        study_parent, source = None, args.config or f"configs/{DEFAULT_CONFIG}"
+        configurations, source = [(name, config)], args.config or f"configs/{DEFAULT_CONFIG}"
+    grid = bool(args.space)
     # everything that can be wrong with the input is checked before a run is created
-    splits = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
     device = default_device() if args.device is None else __import__("torch").device(args.device)
-    build_run(config, mode="final", splits=splits, device=device, source=source)
+    splits_by_key: dict[tuple, Any] = {}
+    for conf_name, config in configurations:
+        key = (config.dataset, config.image_size)
+        if key not in splits_by_key:
+            splits_by_key[key] = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
+        build_run(config, mode="final", splits=splits_by_key[key], device=device, source=source if not grid else f"{source} ({conf_name})")
     if study_parent is None:
         experiment_id = tracking.setup(uri, args.experiment)
     client = mlflow.MlflowClient(uri)
-    seeds = [config.seed + i for i in range(args.seeds)]
     register = args.register or (f"{name}-embedding" if args.study else None)
-    print(f"final training of {name}: {config.loss} on {config.dataset}, {config.epochs} epochs, seeds {seeds}, device {device}")
+    first = configurations[0][1]
+    seeds = [first.seed + i for i in range(args.seeds)]
+    what = f"{len(configurations)} configurations of {name}" if grid else f"{name}: {first.loss}"
+    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {seeds}, device {device}")
     if study_parent is None:
-        parent_id = client.create_run(
-            experiment_id, run_name=args.run_name or f"final-{name}", tags={**tracking.reproducibility_tags(), "kind": "final"}
-        ).info.run_id
-        client.log_batch(
-            parent_id,
-            params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items() if k != "seed"]
-            + [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))],
-        )
+        run_name = args.run_name or (name if grid else f"final-{name}")
+        tags = {**tracking.reproducibility_tags(), "kind": "final_grid" if grid else "final"}
+        if grid:
+            tags.update({"study_name": run_name, "space": str(args.space), "configurations": str(len(configurations))})
+        parent_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        params = [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))]
+        if not grid:
+            params += [mlflow.entities.Param(k, str(v)) for k, v in first.to_dict().items() if k != "seed"]
+        client.log_batch(parent_id, params=params)
     else:
         parent_id = study_parent
     prefix = "final_" if study_parent else ""
-    results: list[dict[str, Any]] = []
+    outcomes: dict[str, dict[str, Any]] = {}
     seed_runs: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
-            client.log_artifact(parent_id, str(tracking.write_yaml(workdir / f"{prefix}config.yaml", config.to_dict())))
-            for i, seed in enumerate(seeds):
-                seed_config = config.replace(seed=seed)
-                tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(seed), "mlflow.parentRunId": parent_id}
-                if args.study:
-                    tags["study_name"] = args.study
-                with mlflow.start_run(experiment_id=experiment_id, run_name=f"final-{name}-seed{seed}", tags=tags) as run:
-                    seed_runs.append(run.info.run_id)
-                    mlflow.log_params(seed_config.to_dict())
-                    results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, register if i == 0 else None))
-            summary = summarize([r["test"] for r in results])
-            summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
-            for key, value in summary.items():
-                client.log_metric(parent_id, prefix + key, value)
-            client.log_dict(parent_id, {"per_seed": results, "summary": summary}, f"{prefix}results.json")
+            if grid:
+                client.log_dict(parent_id, {n: c.to_dict() for n, c in configurations}, "configurations.yaml")
+            else:
+                client.log_artifact(parent_id, str(tracking.write_yaml(workdir / f"{prefix}config.yaml", first.to_dict())))
+            for conf_name, config in configurations:
+                splits = splits_by_key[(config.dataset, config.image_size)]
+                if grid:
+                    print(f"\n[{len(outcomes) + 1}/{len(configurations)}] {conf_name}", flush=True)
+                results: list[dict[str, Any]] = []
+                for i, seed in enumerate(seeds):
+                    seed_config = config.replace(seed=config.seed + i)
+                    tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(seed_config.seed), "mlflow.parentRunId": parent_id}
+                    if args.study:
+                        tags["study_name"] = args.study
+                    if grid:
+                        tags["configuration"] = conf_name
+                    run_name = f"{conf_name}-seed{seed_config.seed}" if grid else f"final-{name}-seed{seed_config.seed}"
+                    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+                        seed_runs.append(run.info.run_id)
+                        mlflow.log_params(seed_config.to_dict())
+                        first_seed = i == 0 and len(outcomes) == 0
+                        results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, register if first_seed else None))
+                summary = summarize([r["test"] for r in results])
+                summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
+                outcomes[conf_name] = {"config": config, "results": results, "summary": summary}
+                if not grid:
+                    for key, value in summary.items():
+                        client.log_metric(parent_id, prefix + key, value)
+                    client.log_dict(parent_id, {"per_seed": results, "summary": summary}, f"{prefix}results.json")
+                else:
+                    client.log_dict(
+                        parent_id,
+                        {n: {"per_seed": o["results"], "summary": o["summary"]} for n, o in outcomes.items()},
+                        "results.json",
+                    )
     except BaseException as error:
         reason = "interrupted" if isinstance(error, KeyboardInterrupt) else tracking.first_error_line(str(error))
         tracking.fail_orphans(client, seed_runs, reason)
@@ -243,18 +299,32 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
         raise
     if study_parent is None:
         client.set_terminated(parent_id, status="FINISHED")
+    only = outcomes[configurations[0][0]]
     return {
         "name": name,
-        "config": config,
+        "config": first,
         "uri": uri,
         "parent_run_id": parent_id,
-        "results": results,
-        "summary": summary,
+        "outcomes": outcomes,
+        "results": only["results"],
+        "summary": only["summary"],
         "registered": register,
     }
 
 
 def print_summary(outcome: dict[str, Any]) -> None:
+    outcomes = outcome["outcomes"]
+    if len(outcomes) > 1:
+        keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
+        seeds = len(outcome["results"])
+        print(f"\n{outcome['name']}: test metrics over {seeds} seed(s), mean +- std")
+        print(f"  {'configuration':<28}" + "".join(f"{k.removeprefix('test_'):>18}" for k in keys))
+        for conf_name, o in outcomes.items():
+            cells = "".join(f"{o['summary'][k + '_mean']:>10.4f} +-{o['summary'][k + '_std']:.3f}" for k in keys)
+            print(f"  {conf_name:<28}{cells}")
+        print(f"\nparent run: {outcome['parent_run_id']}  (report: python -m study.report --study {outcome['name']})")
+        print(f"open the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+        return
     summary = outcome["summary"]
     keys = [k.removesuffix("_mean") for k in summary if k.endswith("_mean") and k.startswith("test_")]
     print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s) (mean +- std)")
