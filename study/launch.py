@@ -76,7 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="continue the interrupted study --study-name: finished trials are kept, interrupted ones continue from their checkpoints",
     )
-    a("--seed", type=int, default=0, help="seed of the TPE sampler (trials keep their config's seed)")
+    a(
+        "--sampler",
+        choices=("tpe", "random"),
+        default="tpe",
+        help="how a searched space is sampled: tpe (default; ASHA-stopped trials told as PRUNED) or random (a baseline); "
+        "grid spaces always use the grid",
+    )
+    a("--seed", type=int, default=0, help="seed of the sampler (trials keep their config's seed)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     args = parser.parse_args(argv)
 
@@ -309,7 +316,9 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
             reconcile_before_resume(study, client, experiment_id, parent_id, experiment_dir)
             tuner = tune.Tuner.restore(experiment_dir, trainable, resume_unfinished=True, resume_errored=False)
         else:
-            searcher = OptunaSearcher(space, optuna_url, study_name, metric=metric, mode=mode, max_epochs=max_epochs, seed=args.seed)
+            searcher = OptunaSearcher(
+                space, optuna_url, study_name, metric=metric, mode=mode, max_epochs=max_epochs, seed=args.seed, sampler=args.sampler
+            )
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
@@ -372,6 +381,7 @@ def create_parent(client, experiment_id: str, study_name: str, space: Space, arg
         "cpus_per_trial": args.cpus_per_trial,
         "gpus_per_trial": args.gpus_per_trial,
         "seed": args.seed,
+        "sampler": "grid" if space.is_grid else args.sampler,
         **extra,
         **{f"fixed.{k}": v for k, v in space.fixed.items()},
     }

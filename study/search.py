@@ -37,9 +37,17 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     return optuna.storages.RDBStorage(url)
 
 
-def make_sampler(space: Space, seed: int) -> optuna.samplers.BaseSampler:
+SAMPLERS = ("tpe", "random")
+
+
+def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
+    """Grid spaces: Optuna's GridSampler; else TPE (multivariate, grouped, constant liar) or plain random search."""
     if space.is_grid:
         return optuna.samplers.GridSampler(space.grid_search_space(), seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind != "tpe":
+        raise ValueError(f"sampler {kind!r}: expected one of {', '.join(SAMPLERS)}")
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5, constant_liar=True)
 
 
@@ -56,11 +64,13 @@ class OptunaSearcher(Searcher):
         mode: str,
         max_epochs: int,
         seed: int = 0,
+        sampler: str = "tpe",
         overrides: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         self.space, self.storage_url, self.study_name = space, storage_url, study_name
         self.max_epochs, self.seed, self.overrides = max_epochs, seed, dict(overrides or {})
+        self.sampler = sampler
         self.numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number
         self._study: optuna.Study | None = None
 
@@ -68,9 +78,8 @@ class OptunaSearcher(Searcher):
     @property
     def study(self) -> optuna.Study:
         if self._study is None:
-            self._study = optuna.load_study(
-                study_name=self.study_name, storage=open_storage(self.storage_url), sampler=make_sampler(self.space, self.seed)
-            )
+            sampler = make_sampler(self.space, self.seed, self.sampler)
+            self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage_url), sampler=sampler)
         return self._study
 
     def __getstate__(self) -> dict[str, Any]:
