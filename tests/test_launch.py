@@ -136,3 +136,50 @@ def test_asha_stopped_trials_are_pruned_in_optuna(two_node_study):
             assert trial.value == pytest.approx(run.data.metrics["val_recall_at_1"])
         states.append(trial.state.name)
     assert "PRUNED" in states and "COMPLETE" in states
+
+
+def test_report_of_the_study(two_node_study, tmp_path, capsys):
+    """python -m study.report on this study: the rung-correlation table and the top trials, checked against MLflow and Optuna."""
+    from study import report
+
+    runs = two_node_study["runs"]
+    client, parent, children, study = study_records(runs, "two-nodes")
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
+    out = tmp_path / "report"
+    assert report.main(["--study", "two-nodes", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    assert parent[0].data.params["sampler"] == "tpe"
+    text = (out / "report.md").read_text()
+    assert "## Is early stopping trustworthy here?" in text
+    section = text.split("## Is early stopping trustworthy here?")[1].split("\n## ")[0]
+    rung_rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| rung")]
+    assert [row.split("|")[1].strip() for row in rung_rows] == ["1", "2"]  # grace 1, factor 2, 4 epochs: rungs 1, 2
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert all(row.split("|")[3].strip() == str(len(complete)) for row in rung_rows)  # n = trials that ran every epoch
+    by_trial = {r.data.tags["trial_id"]: r for r in children}
+    for row in rung_rows:  # rho from the complete trials' histories in MLflow (NaN below 3 trials)
+        rung = int(row.split("|")[1])
+        if len(complete) < 3:
+            assert row.split("|")[2].strip() == "nan"
+            continue
+        from scipy.stats import spearmanr
+
+        histories = [
+            {m.step: m.value for m in client.get_metric_history(by_trial[t.user_attrs["tune_trial_id"]].info.run_id, "val_recall_at_1")}
+            for t in complete
+        ]
+        rho = spearmanr([h[rung] for h in histories], [h[EPOCHS] for h in histories]).statistic
+        assert row.split("|")[2].strip() == f"{rho:.3f}"
+    # the top row is the best COMPLETE trial, with its last val_recall_at_1 as MLflow has it
+    best = max(by_trial[t.user_attrs["tune_trial_id"]].data.metrics["val_recall_at_1"] for t in complete)
+    top = text.split("## Top trials by val_recall_at_1")[1].split("\n## ")[0]
+    top_rows = [line for line in top.splitlines() if line.startswith("| ") and not line.startswith("| trial |")]
+    assert len(top_rows) == len(complete)  # every complete trial (fewer than --top 10), no pruned one
+    first_row = top_rows[0]
+    best_ids = [
+        t.user_attrs["tune_trial_id"] for t in complete if by_trial[t.user_attrs["tune_trial_id"]].data.metrics["val_recall_at_1"] == best
+    ]
+    assert any(trial_id in first_row.split("|")[1] for trial_id in best_ids)  # one of the best (ties possible)
+    assert first_row.split("|")[2].strip() == f"{best:.4f}"
+    assert first_row.split("|")[3].strip() == str(EPOCHS)
+    assert (out / "learning_curves.png").is_file()
+    assert client.list_artifacts(parent[0].info.run_id, "report") == []  # --no-log

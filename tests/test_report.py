@@ -1,0 +1,363 @@
+"""study.report and study.final --space: hand-computed references, then a tiny grid end to end.
+
+References: ASHA rungs are grace * factor^i below max_t (Li et al., ASHA; Ray's
+AsyncHyperBandScheduler); Spearman's rho of rankings without ties is
+1 - 6 sum(d^2) / (n (n^2 - 1)); the table cells are mean +- sample standard
+deviation (ddof 1) in percent, worked out by hand below. The end-to-end test
+trains 2 configurations x 2 seeds x 1 epoch on generated glyphs (about a
+minute on two CPUs) and checks the report against the seed runs' metrics read
+from MLflow directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import mlflow
+import optuna
+import pytest
+import yaml
+
+from study import final, launch, report
+from study.report import asha_rungs, paper_table, rung_rank_correlation
+from study.search import make_sampler
+from study.spaces import load_space
+from tests.conftest import ROOT
+
+
+def all_runs(uri):
+    client = mlflow.MlflowClient(uri)
+    experiments = client.search_experiments()
+    return client, client.search_runs([e.experiment_id for e in experiments]) if experiments else []
+
+
+# -- asha_rungs --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "grace, factor, max_epochs, expected",
+    [
+        (1, 3, 6, [1, 3]),  # 9 >= 6
+        (2, 3, 12, [2, 6]),  # 18 >= 12
+        (6, 3, 6, []),  # the grace period is already the last epoch
+        (1, 3, 9, [1, 3]),  # a rung at max_t is the end, not a rung
+        (1, 2, 4, [1, 2]),  # tests/test_launch.py's study
+        (1, 2, 20, [1, 2, 4, 8, 16]),
+        (2, 1.5, 8, [2, 3, 4, 7]),  # 2, 3, 4.5 -> 4 (round half to even), 6.75 -> 7, 10.1 >= 8
+    ],
+)
+def test_asha_rungs_hand_values(grace, factor, max_epochs, expected):
+    assert asha_rungs(grace, factor, max_epochs) == expected
+
+
+# -- rung_rank_correlation ---------------------------------------------------------------------------------------------
+
+
+def spearman_by_hand(x: list[float], y: list[float]) -> float:
+    """1 - 6 sum(d^2) / (n (n^2 - 1)), with ranks found by counting (no ties)."""
+
+    def ranks(values):
+        return [1 + sum(other < v for other in values) for v in values]
+
+    n = len(x)
+    d2 = sum((a - b) ** 2 for a, b in zip(ranks(x), ranks(y)))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+CURVES = [  # epoch 1, 2, 3
+    [0.1, 0.5, 0.9],  # A
+    [0.2, 0.4, 0.7],  # B
+    [0.3, 0.6, 0.8],  # C
+    [0.4, 0.3, 0.6],  # D
+    [0.05, 0.95],  # E: stopped at epoch 2, does not count
+    [0.99],  # F: stopped at epoch 1, does not count
+]
+
+
+def test_rung_rank_correlation_hand_computed():
+    # epoch 1: ranks A..D 1 2 3 4; epoch 3: 0.9 0.7 0.8 0.6 -> 4 2 3 1; d = -3 0 0 3, sum d^2 = 18
+    # rho = 1 - 6 * 18 / (4 * 15) = -0.8
+    # epoch 2: 0.5 0.4 0.6 0.3 -> 3 2 4 1; d = -1 0 1 0, sum d^2 = 2; rho = 1 - 12 / 60 = 0.8
+    out = rung_rank_correlation(CURVES, [1, 2, 3, 9], final=3)
+    assert sorted(out) == [1, 2]  # rungs at or past the final epoch are dropped
+    assert out[1]["spearman"] == pytest.approx(-0.8)
+    assert out[2]["spearman"] == pytest.approx(0.8)
+    assert out[1]["n"] == out[2]["n"] == 4  # E and F (shorter than 3 epochs) excluded
+    full = CURVES[:4]
+    assert out[1]["spearman"] == pytest.approx(spearman_by_hand([c[0] for c in full], [c[2] for c in full]))
+    assert out[2]["spearman"] == pytest.approx(spearman_by_hand([c[1] for c in full], [c[2] for c in full]))
+
+
+def test_rung_rank_correlation_reversed_and_identical_rankings():
+    # five trials whose order at epoch 1 is the exact reverse of their order at epoch 2: rho = -1
+    reversed_curves = [[0.1 * i, 1.0 - 0.1 * i] for i in range(1, 6)]
+    assert rung_rank_correlation(reversed_curves, [1], final=2)[1] == {"spearman": pytest.approx(-1.0), "n": 5}
+    # the same order at both epochs, although the values differ: rho = 1
+    same = [[0.1 * i, 0.5 + 0.01 * i] for i in range(1, 6)]
+    assert rung_rank_correlation(same, [1], final=2)[1]["spearman"] == pytest.approx(1.0)
+
+
+def test_rung_rank_correlation_needs_three_trials():
+    two = [[0.1, 0.2, 0.3], [0.3, 0.2, 0.1], [0.5]]  # only two reach epoch 3
+    out = rung_rank_correlation(two, [1, 2], final=3)
+    assert sorted(out) == [1, 2]
+    assert all(math.isnan(row["spearman"]) and row["n"] == 2 for row in out.values())
+    assert all(math.isnan(row["spearman"]) for row in rung_rank_correlation([], [1], final=3).values())
+
+
+# -- paper_table -------------------------------------------------------------------------------------------------------
+
+METRIC_KEYS = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
+
+
+def seeds(**per_metric: list[float]) -> list[dict[str, float]]:
+    """Three seeds' metrics from {short key: [seed0, seed1, seed2]}."""
+    return [{f"test_{k}": v[i] for k, v in per_metric.items()} for i in range(3)]
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in text.splitlines()[2:]:
+        if line.startswith("| "):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_paper_table_layout_mean_std_and_bold():
+    a = seeds(
+        nmi=[0.80, 0.80, 0.80],  # 80.0 +- 0.0
+        recall_at_1=[0.50, 0.60, 0.70],  # mean 60.0; deviations -10 0 10 -> var 200 / 2 = 100 -> std 10.0
+        recall_at_2=[0.70, 0.70, 0.76],  # mean 72.0; deviations -2 -2 4 -> var 24 / 2 = 12 -> std 3.464 -> 3.5
+        recall_at_4=[0.90, 0.90, 0.90],
+        recall_at_8=[0.95, 0.96, 0.97],  # 96.0 +- 1.0
+        map_at_r=[0.10, 0.20, 0.30],  # 20.0 +- 10.0
+    )
+    b = seeds(
+        nmi=[0.90, 0.92, 0.94],  # 92.0 +- 2.0
+        recall_at_1=[0.40, 0.45, 0.50],  # 45.0 +- 5.0
+        recall_at_2=[0.50, 0.50, 0.50],  # 50.0 +- 0.0
+        recall_at_4=[0.80, 0.85, 0.90],  # 85.0 +- 5.0
+        recall_at_8=[0.99, 0.99, 0.99],  # 99.0 +- 0.0
+        map_at_r=[0.30, 0.30, 0.30],  # 30.0 +- 0.0
+    )
+    text = paper_table({"SM": a, "HBN": b})
+    lines = text.splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")][1:] == ["SM", "HBN"]
+    rows = table_rows(text)
+    assert list(rows) == ["NMI", "R@1", "R@2", "R@4", "R@8", "MAP@R"]
+    assert rows["NMI"] == ["80.0 ± 0.0", "**92.0 ± 2.0**"]
+    assert rows["R@1"] == ["**60.0 ± 10.0**", "45.0 ± 5.0"]
+    assert rows["R@2"] == ["**72.0 ± 3.5**", "50.0 ± 0.0"]
+    assert rows["R@4"] == ["**90.0 ± 0.0**", "85.0 ± 5.0"]
+    assert rows["R@8"] == ["96.0 ± 1.0", "**99.0 ± 0.0**"]
+    assert rows["MAP@R"] == ["20.0 ± 10.0", "**30.0 ± 0.0**"]
+    assert "3 seed(s)" in text
+
+
+def test_paper_table_single_column_and_missing_metric():
+    only = [{"test_recall_at_1": 0.5}, {"test_recall_at_1": 0.7}]  # 60.0; deviations -10 10 -> var 200 -> std 14.1
+    rows = table_rows(paper_table({"best": only}))
+    assert rows["R@1"] == ["60.0 ± 14.1"]  # one column: nothing to bold
+    assert rows["NMI"] == rows["MAP@R"] == ["-"]
+
+
+# -- make_sampler / --sampler ------------------------------------------------------------------------------------------
+
+
+def test_make_sampler_kinds():
+    searched, grid = load_space("smoke"), load_space("paper_ablation")
+    assert isinstance(make_sampler(searched, 0, "random"), optuna.samplers.RandomSampler)
+    assert isinstance(make_sampler(searched, 0, "tpe"), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler(searched, 0), optuna.samplers.TPESampler)
+    for kind in ("tpe", "random", "bogus"):  # a grid space is walked by the grid whatever the kind
+        assert isinstance(make_sampler(grid, 0, kind), optuna.samplers.GridSampler)
+    with pytest.raises(ValueError, match="bogus"):
+        make_sampler(searched, 0, "bogus")
+
+
+def test_random_sampler_is_seeded():
+    space = load_space("smoke")
+
+    def draws(seed):
+        study = optuna.create_study(direction="maximize", sampler=make_sampler(space, seed, "random"))
+        out = []
+        for _ in range(4):
+            trial = study.ask()
+            out.append(space.suggest(trial))
+            study.tell(trial, 0.5)
+        return out
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+
+
+def test_launch_sampler_flag(capsys):
+    assert launch.parse_args([]).sampler == "tpe"
+    assert launch.parse_args(["--sampler", "random"]).sampler == "random"
+    with pytest.raises(SystemExit) as exit_info:
+        launch.parse_args(["--sampler", "bogus"])
+    assert exit_info.value.code == 2 and "bogus" in capsys.readouterr().err
+
+
+# -- study.final --space: configurations, names, bad input -------------------------------------------------------------
+
+
+def test_space_configs_of_a_grid_space_are_named_key_value(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "fixed": {"dataset": "synthetic", "epochs": 3, "embedding_dim": 16},
+                "grid": {"alpha": [4.0, 16.0], "samples_per_class": [2, 4]},
+            }
+        )
+    )
+    configs, name = final.space_configs(str(path), epochs=1)
+    assert name == "g"
+    expected = {
+        "alpha=4.0,samples_per_class=2": (4.0, 2),
+        "alpha=4.0,samples_per_class=4": (4.0, 4),
+        "alpha=16.0,samples_per_class=2": (16.0, 2),
+        "alpha=16.0,samples_per_class=4": (16.0, 4),
+    }
+    assert {n: (c.alpha, c.samples_per_class) for n, c in configs} == expected
+    assert all(c.epochs == 1 and c.embedding_dim == 16 and c.dataset == "synthetic" for _, c in configs)
+
+
+def test_space_configs_of_a_variants_space_are_named_by_variant():
+    configs, name = final.space_configs("paper_ablation", epochs=None)
+    assert name == "paper_ablation"
+    by_name = dict(configs)
+    assert list(by_name) == ["SM", "LN", "BN", "HLN", "HBN"]  # the file's order
+    assert (by_name["SM"].normalization, by_name["SM"].alpha, by_name["SM"].heating) == ("none", 1.0, "none")
+    assert (by_name["HBN"].normalization, by_name["HBN"].heating, by_name["HBN"].heating_target) == ("bn", "two_stage", 4.0)
+    assert all(c.epochs == 30 for c in by_name.values())  # the space's own epochs without --epochs
+
+
+@pytest.mark.parametrize("space", [str(ROOT / "search_spaces" / "smoke.yaml"), "smoke", "no_such_space_file.yaml"])
+def test_final_space_bad_input_exits_2_without_a_run(tmp_path, runs, capsys, space):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = final.main(["--space", space, "--seeds", "1", "--epochs", "1", "--tracking-uri", uri])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert all_runs(uri)[1] == []  # not even a parent run
+
+
+def test_final_space_excludes_config():
+    with pytest.raises(SystemExit) as exit_info:
+        final.parse_args(["--space", "paper_ablation", "--config", "x.yaml"])
+    assert exit_info.value.code == 2
+
+
+# -- study.report: errors ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["nope", "it's", "a' or tags.kind = 'study"])
+def test_report_unknown_or_malformed_study_exits_2(tmp_path, runs, capsys, name):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = report.main(["--study", name, "--tracking-uri", uri, "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error:")
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+# -- end to end: study.final --space, then study.report ----------------------------------------------------------------
+
+TINY_SPACE = {
+    "description": "two tiny variants for the report test",
+    "fixed": {
+        "dataset": "synthetic",
+        "backbone": "small_cnn",
+        "image_size": 32,
+        "loss": "softmax",
+        "optimizer": "adam",
+        "epochs": 3,
+        "embedding_dim": 16,
+        "classes_per_batch": 8,
+        "samples_per_class": 2,
+        "alpha": 16.0,
+    },
+    "variants": {
+        "plain": {"normalization": "l2", "weight_norm": True, "heating": "none"},
+        "heated": {"normalization": "bn", "weight_norm": True, "heating": "two_stage", "heating_target": 4.0},
+    },
+}
+
+
+@pytest.mark.slow
+def test_final_space_then_report(tmp_path, runs, capsys):
+    path = tmp_path / "tiny_grid.yaml"
+    path.write_text(yaml.safe_dump(TINY_SPACE, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert final.main(["--space", str(path), "--seeds", "2", "--epochs", "1", "--tracking-uri", uri, "--experiment", "grid"]) == 0
+    capsys.readouterr()
+
+    client, found = all_runs(uri)
+    parents = [r for r in found if r.data.tags.get("kind") == "final_grid"]
+    children = [r for r in found if r.data.tags.get("kind") == "final_seed"]
+    assert len(parents) == 1 and len(found) == 5
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["study_name"] == "tiny_grid" and parent.data.tags["configurations"] == "2"
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    by_conf: dict[str, list] = {}
+    for r in children:
+        by_conf.setdefault(r.data.tags["configuration"], []).append(r)
+        assert r.data.params["epochs"] == "1" and r.data.params["dataset"] == "synthetic"
+    assert sorted(by_conf) == ["heated", "plain"]
+    assert all(sorted(int(r.data.tags["seed"]) for r in runs_) == [0, 1] for runs_ in by_conf.values())
+    assert {r.data.params["heating"] for r in by_conf["heated"]} == {"two_stage"}
+    assert {r.data.params["normalization"] for r in by_conf["plain"]} == {"l2"}
+
+    assert {"configurations.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    dst = tmp_path / "dl"
+    dst.mkdir()
+    results = json.loads(
+        open(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(dst), tracking_uri=uri
+            )
+        ).read()
+    )
+    assert sorted(results) == ["heated", "plain"]
+    for conf, runs_ in by_conf.items():
+        assert len(results[conf]["per_seed"]) == 2
+        r1 = sorted(r.data.metrics["test_recall_at_1"] for r in runs_)
+        assert sorted(s["test"]["test_recall_at_1"] for s in results[conf]["per_seed"]) == pytest.approx(r1)
+        assert results[conf]["summary"]["test_recall_at_1_mean"] == pytest.approx(sum(r1) / 2)
+    configurations = yaml.safe_load(
+        open(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="configurations.yaml", dst_path=str(dst), tracking_uri=uri
+            )
+        )
+    )
+    assert configurations["heated"]["heating"] == "two_stage" and configurations["plain"]["normalization"] == "l2"
+
+    out = tmp_path / "report"
+    assert report.main(["--study", "tiny_grid", "--tracking-uri", uri, "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| metric"))
+    columns = [c.strip() for c in header.strip("|").split("|")][1:]
+    assert sorted(columns) == ["heated", "plain"]
+    rows = table_rows(text[text.index(header) :].split("\n\n")[0])
+    assert {"NMI", "R@1", "MAP@R"} <= set(rows)
+    for conf in columns:  # the R@1 cell against the seed runs' test metric, read from MLflow
+        values = [r.data.metrics["test_recall_at_1"] for r in by_conf[conf]]
+        mean = 100 * sum(values) / len(values)
+        assert rows["R@1"][columns.index(conf)].strip("*").split(" ± ")[0] == f"{mean:.1f}"
+        std = 100 * abs(values[0] - values[1]) / math.sqrt(2)  # sample std of two values
+        assert rows["R@1"][columns.index(conf)].strip("*").split(" ± ")[1] == f"{std:.1f}"
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all(name.endswith(".png") and (out / name).is_file() for name in images)
+    assert "train_loss.png" in images
+    assert sum(name.startswith("similarity_") for name in images) == 2  # one histogram per configuration
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert "report/report.md" in logged and {f"report/{name}" for name in images} <= logged
