@@ -264,9 +264,14 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
                 if grid:
                     print(f"\n[{len(outcomes) + 1}/{len(configurations)}] {conf_name}", flush=True)
                 results: list[dict[str, Any]] = []
-                for i, seed in enumerate(seeds):
+                for i in range(len(seeds)):
                     seed_config = config.replace(seed=config.seed + i)
-                    tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(seed_config.seed), "mlflow.parentRunId": parent_id}
+                    tags = {
+                        **tracking.reproducibility_tags(),
+                        "kind": "final_seed",
+                        "seed": str(seed_config.seed),
+                        "mlflow.parentRunId": parent_id,
+                    }
                     if args.study:
                         tags["study_name"] = args.study
                     if grid:
