@@ -131,9 +131,9 @@ def plot(results: dict, grid_best: float, path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(results: dict, correlation: dict, grid_best: float, command: str, machine: dict) -> str:
+def markdown(results: dict, correlation: dict, grid_best: float, command: str, machine: dict, max_epochs: int) -> str:
     lines = [
-        "## Study efficiency (Omniglot, 24 ICE configurations, 6 epochs each)",
+        f"## Study efficiency (Omniglot, 24 ICE configurations, {max_epochs} epochs each)",
         "",
         f"Command: `{command}`  ",
         f"Machine: {machine['cpu']} ({machine['cores']} cores); {machine['max_concurrent']} trial(s) at a time, 1 CPU per trial.",
@@ -187,19 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     args.tracking_uri = f"sqlite:///{workdir / 'mlflow.db'}"
     names = {key: f"efficiency-{key}{args.tag}" for key in ("grid", "tpe", "random")}
     walls: dict[str, float | None] = dict.fromkeys(names)
+    from study.spaces import load_space
+
+    max_epochs = load_space(GRID).fixed["epochs"]
     if not args.reuse:
-        walls["grid"] = launch(names["grid"], GRID, args, ["--grace-period", "6"])
+        walls["grid"] = launch(names["grid"], GRID, args, ["--grace-period", str(max_epochs)])
         asha = ["--num-samples", str(args.search_trials), "--grace-period", str(args.grace_period), "--reduction-factor", "3"]
         walls["tpe"] = launch(names["tpe"], SEARCH, args, [*asha, "--sampler", "tpe"])
         walls["random"] = launch(names["random"], SEARCH, args, [*asha, "--sampler", "random"])
-    max_epochs = 6
     trials = {key: trials_of(name, args.journal) for key, name in names.items()}
     grid_trials = [t for t in trials["grid"] if t.state.name == "COMPLETE"]
     grid_best = max(float(t.value) for t in grid_trials)
     grid_epochs = sum(len(t.intermediate_values) for t in trials["grid"])
     results = {key: summarize(names[key], trials[key], max_epochs, grid_best, grid_epochs, walls[key]) for key in names}
     curves = [[t.intermediate_values[e] for e in sorted(t.intermediate_values)] for t in grid_trials]
-    correlation = rung_rank_correlation(curves, rungs=[1, 3], final=max_epochs)
+    correlation = rung_rank_correlation(curves, rungs=list(range(1, max_epochs)), final=max_epochs)
     machine = {
         "cpu": next(
             (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"machine": machine, "grid_best": grid_best, "grid_epochs": grid_epochs, "results": results, "rank_correlation": correlation}
     (out / "study_efficiency.json").write_text(json.dumps(payload, indent=1, default=str))
     plot(results, grid_best, out / "study_efficiency.png")
-    (out / "study_efficiency.md").write_text(markdown(results, correlation, grid_best, command, machine))
+    (out / "study_efficiency.md").write_text(markdown(results, correlation, grid_best, command, machine, max_epochs))
     print((out / "study_efficiency.md").read_text())
     return 0
 
