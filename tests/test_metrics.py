@@ -6,14 +6,16 @@ brute-force numpy implementation (full N x N similarity matrix, argsort, Python 
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from trainables.core.metrics import evaluate_embeddings, knn, nmi, retrieval_metrics
+from trainables.core.metrics import _kmeans_plus_plus, evaluate_embeddings, knn, nmi, retrieval_metrics
 
 KS = (1, 2, 4, 8)
 
@@ -288,6 +290,75 @@ def test_nmi_equals_sklearn_on_a_permuted_perfect_clustering():
     x, y = separated(4, 10, 8, seed=12)
     y = np.array([7, 3, 11, 5])[y]
     assert nmi(x, y, n_runs=1) == pytest.approx(normalized_mutual_info_score(y, y), abs=1e-12)
+
+
+def rows_of(x: np.ndarray, centroids: np.ndarray) -> list[int]:
+    """Row index in ``x`` of each centroid (centroids are rows of x; the first copy of a repeated row)."""
+    first: dict[bytes, int] = {}
+    for i, row in enumerate(x):
+        first.setdefault(row.tobytes(), i)
+    return [first[c.tobytes()] for c in centroids]
+
+
+def kmeans_plus_plus_set_probabilities(x: np.ndarray, k: int) -> dict[frozenset, float]:
+    """Exact probability of each set of k seeds under sequential k-means++ (Arthur & Vassilvitskii,
+    2007): first seed uniform, each next one with probability D(x)^2 / sum D^2, summed over orders."""
+    n = len(x)
+    sq = ((x[:, None, :].astype(np.float64) - x[None, :, :]) ** 2).sum(-1)
+    probs: Counter = Counter()
+    for order in itertools.permutations(range(n), k):
+        p = 1.0 / n
+        for t in range(1, k):
+            d2 = sq[:, list(order[:t])].min(axis=1)
+            p *= d2[order[t]] / d2.sum()
+        probs[frozenset(order)] += p
+    return probs
+
+
+@pytest.mark.parametrize("batch", [2, 1024])
+def test_batched_kmeans_plus_plus_draws_as_sequential_kmeans_plus_plus(batch):
+    # Two tight pairs, a far point and a point between: the rounds' rejection step must give every
+    # set of seeds its sequential k-means++ probability, also when a round holds several seeds
+    # (batch=1024: all proposals in one round) or seeds come over several rounds (batch=2).
+    x = np.array([[0, 0], [1, 0], [10, 0], [11, 0], [5, 6], [5, 1]], dtype=np.float32)
+    k, draws = 4, 4000
+    expected = kmeans_plus_plus_set_probabilities(x, k)
+    counts: Counter = Counter()
+    for seed in range(draws):
+        rows = rows_of(x, _kmeans_plus_plus(x, k, np.random.default_rng(seed), batch=batch))
+        assert len(set(rows)) == k
+        counts[frozenset(rows)] += 1
+    assert set(counts) <= set(expected)
+    for key, p in expected.items():
+        # binomial standard deviation <= sqrt(0.25 / 4000) = 0.008
+        assert counts[key] / draws == pytest.approx(p, abs=0.03), sorted(key)
+
+
+@pytest.mark.parametrize("batch", [16, 1024])
+def test_kmeans_plus_plus_seeds_one_point_in_each_separated_class(batch):
+    # 300 classes of 3 copies of one of 300 orthonormal vectors: every two classes are sqrt(2)
+    # apart, copies coincide. Seeds come in many rounds (batch=16) or few large ones, each round
+    # accepting several. Hand check: exactly one seed in every class.
+    q, _ = np.linalg.qr(np.random.default_rng(15).normal(size=(300, 300)))
+    y = np.repeat(np.arange(300), 3)
+    x = q[y].astype(np.float32)
+    centroids = _kmeans_plus_plus(x, 300, np.random.default_rng(0), batch=batch)
+    assert sorted(y[rows_of(x, centroids)]) == list(range(300))
+    if batch == 16:
+        assert nmi(x, y, n_runs=1) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_kmeans_plus_plus_with_fewer_distinct_points_than_seeds():
+    # Five distinct points, each four times, eight seeds: the five come first (positive D^2),
+    # the last three are drawn among the copies; seeds are distinct rows.
+    rng = np.random.default_rng(16)
+    base = rng.normal(size=(5, 8)).astype(np.float32)
+    x = np.repeat(base, 4, axis=0)
+    centroids = _kmeans_plus_plus(x, 8, np.random.default_rng(0))
+    assert centroids.shape == (8, 8)
+    assert {tuple(c) for c in centroids} == {tuple(b) for b in base}
+    y = np.arange(20) % 8
+    assert 0.0 <= nmi(x, y, n_runs=2) <= 1.0
 
 
 def test_evaluate_embeddings_keys_and_gallery_nmi():

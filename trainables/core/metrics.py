@@ -36,13 +36,16 @@ query the retrieval metrics are undefined: they are NaN and a warning is logged
 (pytorch-metric-learning 2.x also returns NaN then).
 
 Memory: the neighbour search processes ``chunk_size`` queries at a time and keeps
-only ``k`` neighbours per query, so it grows with ``N x k``, never ``N x N``.
+only ``k`` neighbours per query, so it grows with ``N x k``, never ``N x N``
+(``retrieval_metrics`` reduces each chunk to per-query values at once and holds
+``chunk_size x k``). The k-means++ seeding of ``nmi`` holds O(N) values plus fixed-size
+blocks, never ``N x k``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import faiss
@@ -55,6 +58,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["knn", "retrieval_metrics", "nmi", "evaluate_embeddings"]
 
 ArrayLike = Any  # numpy array, torch tensor, or anything np.asarray accepts
+
+_SEEDING_BATCH = 1024  # k-means++ proposals drawn per round (see _kmeans_plus_plus)
 
 
 # -- input conversion ----------------------------------------------------------------------
@@ -90,11 +95,18 @@ def _as_labels(y: ArrayLike, name: str, n: int, embeddings_name: str) -> np.ndar
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _l2_normalize(x: np.ndarray) -> np.ndarray:
-    """Rows of ``x`` (N, D) divided by ``max(||row||, 1e-12)``; float32, C-contiguous."""
-    norms = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
-    out = x / np.maximum(norms, 1e-12)
-    return np.ascontiguousarray(out, dtype=np.float32)
+def _l2_normalize(x: np.ndarray, chunk_rows: int = 4096) -> np.ndarray:
+    """Rows of ``x`` (N, D) divided by ``max(||row||, 1e-12)``; float32, C-contiguous.
+
+    Norms and quotients are computed in float64, ``chunk_rows`` rows at a time, so the float64
+    temporaries stay at ``chunk_rows x D`` whatever N is.
+    """
+    out = np.empty(x.shape, dtype=np.float32)
+    for start in range(0, x.shape[0], chunk_rows):
+        block = x[start : start + chunk_rows].astype(np.float64)
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        out[start : start + chunk_rows] = block / np.maximum(norms, 1e-12)
+    return out
 
 
 def _check_positive_int(value: Any, name: str) -> int:
@@ -113,22 +125,21 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
 # -- nearest neighbours ----------------------------------------------------------------------
 
 
-def _search(
+def _search_chunks(
     queries: np.ndarray,
     index: faiss.Index,
     k: int,
     self_ids: np.ndarray | None,
     chunk_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """k nearest gallery items of each query, searched ``chunk_size`` queries at a time.
 
     queries: (Nq, D) float32 C-contiguous; index: a faiss index over the gallery (Ng rows);
     self_ids: None, or (Nq,) int64 gallery row of each query, to be excluded from its result.
-    Returns (similarities (Nq, k) float32, indices (Nq, k) int64).
+    Yields (start, stop, similarities (stop - start, k) float32, indices (stop - start, k) int64)
+    for the queries ``start:stop``, in order.
     """
     nq = queries.shape[0]
-    sims = np.empty((nq, k), dtype=np.float32)
-    ids = np.empty((nq, k), dtype=np.int64)
     k_search = k + 1 if self_ids is not None else k
     for start in range(0, nq, chunk_size):
         stop = min(start + chunk_size, nq)
@@ -143,6 +154,21 @@ def _search(
             keep = ~drop
             s = s[keep].reshape(stop - start, k)
             i = i[keep].reshape(stop - start, k)
+        yield start, stop, s, i
+
+
+def _search(
+    queries: np.ndarray,
+    index: faiss.Index,
+    k: int,
+    self_ids: np.ndarray | None,
+    chunk_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """All of :func:`_search_chunks` in two arrays: (similarities (Nq, k) float32, indices (Nq, k) int64)."""
+    nq = queries.shape[0]
+    sims = np.empty((nq, k), dtype=np.float32)
+    ids = np.empty((nq, k), dtype=np.int64)
+    for start, stop, s, i in _search_chunks(queries, index, k, self_ids, chunk_size):
         sims[start:stop] = s
         ids[start:stop] = i
     return sims, ids
@@ -231,7 +257,9 @@ def retrieval_metrics(
         is NaN (undefined) and a warning is logged.
 
     One neighbour search with k = max(max(ks), max R) (capped at the gallery size, minus the
-    query itself in self mode): memory grows with N x k, never N x N.
+    query itself in self mode), ``chunk_size`` queries at a time; each chunk's neighbours are
+    turned into per-query values before the next chunk is searched, so memory grows with
+    chunk_size x k plus O(N), never N x N.
     """
     ks = _check_ks(ks)
     chunk_size = _check_positive_int(chunk_size, "chunk_size")
@@ -268,22 +296,28 @@ def retrieval_metrics(
 
     index = faiss.IndexFlatIP(g.shape[1])
     index.add(g)
-    queries = np.ascontiguousarray(q[valid])
-    _, nn = _search(queries, index, k, valid if self_mode else None, chunk_size)
-
-    rel = g_labels[nn] == q_labels[valid, None]  # (Nv, k) bool
-    out: dict[str, float] = {}
-    for kk in ks:
-        out[f"recall_at_{kk}"] = float(rel[:, : min(kk, k)].any(axis=1).mean())
-
-    # r_valid <= k always: R never exceeds the available gallery items.
-    cum = np.cumsum(rel, axis=1, dtype=np.int64)  # (Nv, k) hits among the first i
-    rows = np.arange(valid.size)
-    out["r_precision"] = float((cum[rows, r_valid - 1] / r_valid).mean())
+    queries = q if valid.size == q.shape[0] else np.ascontiguousarray(q[valid])
+    q_labels_valid = q_labels[valid]
+    # Per-query values, filled chunk by chunk; only (chunk_size, k) arrays are ever held.
+    hit = {kk: np.empty(valid.size, dtype=bool) for kk in ks}
+    r_precision = np.empty(valid.size, dtype=np.float64)
+    average_precision = np.empty(valid.size, dtype=np.float64)
     ranks = np.arange(1, k + 1, dtype=np.float64)
-    within_r = ranks[None, :] <= r_valid[:, None]
-    precision_at_hits = np.where(rel & within_r, cum / ranks[None, :], 0.0)
-    out["map_at_r"] = float((precision_at_hits.sum(axis=1) / r_valid).mean())
+    for start, stop, _, nn in _search_chunks(queries, index, k, valid if self_mode else None, chunk_size):
+        rel = g_labels[nn] == q_labels_valid[start:stop, None]  # (n, k) bool
+        for kk in ks:
+            hit[kk][start:stop] = rel[:, : min(kk, k)].any(axis=1)
+        # r <= k always: R never exceeds the available gallery items.
+        r_chunk = r_valid[start:stop]
+        cum = np.cumsum(rel, axis=1, dtype=np.int64)  # (n, k) hits among the first i
+        r_precision[start:stop] = cum[np.arange(stop - start), r_chunk - 1] / r_chunk
+        within_r = ranks[None, :] <= r_chunk[:, None]
+        precision_at_hits = np.where(rel & within_r, cum / ranks[None, :], 0.0)
+        average_precision[start:stop] = precision_at_hits.sum(axis=1) / r_chunk
+
+    out = {f"recall_at_{kk}": float(hit[kk].mean()) for kk in ks}
+    out["map_at_r"] = float(average_precision.mean())
+    out["r_precision"] = float(r_precision.mean())
     return {name: out[name] for name in names}
 
 
@@ -294,7 +328,7 @@ def nmi(
     embeddings: ArrayLike,
     labels: ArrayLike,
     *,
-    n_runs: int = 3,
+    n_runs: int = 1,
     seed: int = 0,
     niter: int = 20,
 ) -> float:
@@ -311,11 +345,11 @@ def nmi(
         Mean ``sklearn.metrics.normalized_mutual_info_score(labels, clusters,
         average_method="arithmetic")`` over the runs, a float in [0, 1].
 
-    Each run seeds faiss's Lloyd iterations with greedy k-means++ centroids (drawn with
-    ``numpy.random.default_rng(run_seed)``) instead of faiss's default of k random points:
-    with random points several centroids often start in one class and none in another, and
-    the NMI of perfectly separated classes then often stays near 0.85. The seeding costs
-    about as much as a few Lloyd iterations (O(N * k * D * ln k)).
+    Each run seeds faiss's Lloyd iterations with k-means++ centroids (drawn with
+    ``numpy.random.default_rng(run_seed)``, in batched rounds: see :func:`_kmeans_plus_plus`)
+    instead of faiss's default of k random points: with random points several centroids often
+    start in one class and none in another, and the NMI of perfectly separated classes then
+    often stays near 0.85. The seeding costs about one Lloyd iteration (N x k x D).
     """
     x = _l2_normalize(_as_float_matrix(embeddings, "embeddings"))
     y = _as_labels(labels, "labels", x.shape[0], "embeddings")
@@ -347,42 +381,83 @@ def nmi(
     return float(np.mean(scores))
 
 
-def _kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Greedy k-means++ seeding (Arthur & Vassilvitskii, 2007; as in scikit-learn).
+def _kmeans_plus_plus(x: np.ndarray, k: int, rng: np.random.Generator, batch: int = _SEEDING_BATCH) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii, 2007, Sec. 2.2), drawn in batched rounds.
 
-    x: (N, D) float32 with k <= N. Returns (k, D) float32 centroids. Each next centroid is
-    the best (lowest total squared distance to the nearest centroid) of ``2 + ln(k)``
-    candidate points, each drawn with probability proportional to its squared distance to
-    the nearest centroid chosen so far (uniformly when every point already coincides with a
-    centroid, i.e. duplicates). Memory O(N * ln k).
+    x: (N, D) float32 with k <= N. Returns (k, D) float32 centroids, k distinct rows of ``x``.
+
+    k-means++ takes the first centroid uniformly at random and each next one with probability
+    ``D(x)^2 / sum_x' D(x')^2``, D(x) being the distance from x to the nearest centroid taken
+    so far. One centroid at a time that is k passes over the data. Here the centroids are
+    drawn in rounds: a round draws up to ``batch`` proposals independently with the
+    probabilities at its start and goes through them in order, accepting proposal p with
+    probability ``D'(p)^2 / D(p)^2``, where D' also counts the centroids accepted earlier in the
+    round (the proposals' distances to each other come from one small matrix product). That
+    is rejection sampling from the updated distribution, so each accepted point is distributed
+    exactly as the next k-means++ centroid; a proposal next to a centroid accepted in the same
+    round (another point of a class just covered) is almost always rejected. After a round,
+    the distances of all N points to its new centroids are folded in with one chunked matrix
+    product.
+
+    Over all rounds these products cost N x k x D multiply-adds, as much as one Lloyd iteration,
+    plus at most ``batch x D`` per accepted centroid for the proposals; memory is O(N + batch^2).
+    When every point coincides with a centroid (duplicates), the remaining centroids are drawn
+    uniformly from the points not taken yet.
     """
     n = x.shape[0]
-    n_trials = 2 + int(np.log(k))
-    centroids = np.empty((k, x.shape[1]), dtype=np.float32)
+    chosen = np.empty(k, dtype=np.int64)
+    chosen[0] = rng.integers(n)
+    n_chosen = 1
     sq_norms = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    closest = _sq_dist_to_nearest(x, sq_norms, x[chosen[:1]])  # (N,) D(x)^2
+    closest[chosen[0]] = 0.0
+    while n_chosen < k:
+        need = k - n_chosen
+        cum = np.cumsum(closest)
+        potential = cum[-1]
+        if not potential > 0:
+            rest = np.setdiff1d(np.arange(n), chosen[:n_chosen], assume_unique=True)
+            chosen[n_chosen:] = rng.choice(rest, size=need, replace=False)
+            break
+        m = min(batch, 2 * need)
+        proposals = np.minimum(np.searchsorted(cum, rng.random(m) * potential, side="right"), n - 1)
+        before = closest[proposals]  # D(p)^2 at the start of the round
+        # Accept proposal j when u_j * D(p_j)^2 < D'(p_j)^2, u_j uniform on [0, 1).
+        thresholds = rng.random(m) * before
+        p = x[proposals]
+        between = sq_norms[proposals, None] + sq_norms[None, proposals] - 2.0 * (p @ p.T)  # (m, m)
+        current = before.copy()
+        accepted = []
+        for j in range(m):
+            if thresholds[j] < current[j]:
+                accepted.append(j)
+                if len(accepted) == need:
+                    break
+                np.minimum(current, between[j], out=current)
+                current[proposals == proposals[j]] = 0.0
+        new = proposals[accepted]
+        chosen[n_chosen : n_chosen + new.size] = new
+        n_chosen += new.size
+        np.minimum(closest, _sq_dist_to_nearest(x, sq_norms, x[new]), out=closest)
+        closest[new] = 0.0
+    return x[chosen]
 
-    def sq_dist_to(ids: np.ndarray) -> np.ndarray:  # (len(ids), N)
-        dist = sq_norms - 2.0 * (x[ids] @ x.T).astype(np.float64) + sq_norms[ids, None]
-        return np.maximum(dist, 0.0)
 
-    first = int(rng.integers(n))
-    centroids[0] = x[first]
-    closest = sq_dist_to(np.array([first]))[0]
-    potential = closest.sum()
-    for c in range(1, k):
-        if potential > 0:
-            draws = rng.random(n_trials) * potential
-            candidates = np.searchsorted(np.cumsum(closest), draws, side="right")
-            candidates = np.minimum(candidates, n - 1)
-        else:
-            candidates = rng.integers(n, size=n_trials)
-        trial = np.minimum(closest, sq_dist_to(candidates))  # (n_trials, N)
-        potentials = trial.sum(axis=1)
-        best = int(np.argmin(potentials))
-        centroids[c] = x[candidates[best]]
-        closest = trial[best]
-        potential = potentials[best]
-    return centroids
+def _sq_dist_to_nearest(x: np.ndarray, sq_norms: np.ndarray, centroids: np.ndarray, chunk_rows: int = 4096) -> np.ndarray:
+    """(N,) float64 squared l2 distance from each row of ``x`` to its nearest row of ``centroids``.
+
+    ``||x||^2 + min_c (||c||^2 - 2 x.c)``, clipped at 0; sq_norms: (N,) float64 ``||x||^2``. The
+    products are float32 blocks of ``chunk_rows x len(centroids)``.
+    """
+    c_sq = np.einsum("ij,ij->i", centroids, centroids, dtype=np.float64).astype(np.float32)
+    out = np.empty(x.shape[0], dtype=np.float64)
+    for start in range(0, x.shape[0], chunk_rows):
+        block = x[start : start + chunk_rows] @ centroids.T  # (rows, m) float32
+        block *= -2.0
+        block += c_sq
+        out[start : start + chunk_rows] = block.min(axis=1)
+    out += sq_norms
+    return np.maximum(out, 0.0, out=out)
 
 
 # -- everything ------------------------------------------------------------------------------
@@ -395,7 +470,7 @@ def evaluate_embeddings(
     *,
     gallery_embeddings: ArrayLike | None = None,
     gallery_labels: ArrayLike | None = None,
-    nmi_runs: int = 3,
+    nmi_runs: int = 1,
     seed: int = 0,
     chunk_size: int = 4096,
 ) -> dict[str, float]:
