@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a(
         "--space",
         help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
-        "(default, heated_softmax, ice, paper_ablation, smoke); default: default (with --resume: the study's own)",
+        "(default, heated_softmax, ice, paper_ablation, smoke, and the repro_* grids of docs/results.md); "
+        "default: default (with --resume: the study's own)",
     )
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
     a("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); every node of a cluster needs it at this path")
