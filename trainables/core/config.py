@@ -20,6 +20,7 @@ from typing import Any
 
 LOSS_CHOICES = ("softmax", "ice")
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
+LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
 NORMALIZATION_CHOICES = ("none", "l2", "bn")
 OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
 BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
@@ -39,8 +40,8 @@ class TrainConfig:
     learn_alpha: bool = False
     heating: str = "two_stage"
     heating_target: float = 4.0
-    heating_start: float = 0.75  # fraction of the epochs trained before heating starts
-    heating_lr_factor: float = 0.1
+    heating_start: float = 0.75  # fraction of the budget (the epochs trained to) before heating starts
+    heating_lr_factor: float = 0.1  # lr multiplier after the drop of lr_schedule=step
     # instance cross entropy (004_44fc264e74e143df, eqs. 11-12): similarity scale s
     ice_scale: float = 64.0
     # batches of C classes x k images, for every loss
@@ -59,6 +60,9 @@ class TrainConfig:
     # optimization
     optimizer: str = "adam"
     lr: float = 1e-3
+    # lr factor over the budget (schedule.py): constant | step | linear | cosine, decaying from lr_decay_start
+    lr_schedule: str = "step"
+    lr_decay_start: float = 0.75  # fraction of the budget before the lr decays (0: linear-to-zero from the start)
     weight_decay: float = 5e-4
     momentum: float = 0.9
     new_layer_lr_mult: float = 1.0
@@ -105,6 +109,7 @@ class TrainConfig:
         for key, choices in (
             ("loss", LOSS_CHOICES),
             ("heating", HEATING_CHOICES),
+            ("lr_schedule", LR_SCHEDULE_CHOICES),
             ("normalization", NORMALIZATION_CHOICES),
             ("optimizer", OPTIMIZER_CHOICES),
             ("backbone", BACKBONE_CHOICES),
@@ -121,8 +126,9 @@ class TrainConfig:
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
                 raise bad(key, "a finite number >= 0")
-        if not 0 <= self.heating_start <= 1:
-            raise bad("heating_start", "a fraction of the epochs in [0, 1]")
+        for key in ("heating_start", "lr_decay_start"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise bad(key, "a fraction of the budget in [0, 1]")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "a number in [0, 1)")
         if not 0 <= self.dropout < 1:
