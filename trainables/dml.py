@@ -1,15 +1,18 @@
-"""The Ray Tune trainable: one trial = one ``trainables.core.engine.fit`` in study mode.
+"""The Ray Tune trainable: one trial = one ``trainables.core.budgets.fit_budgets`` in study mode.
 
 The trial's config is the flat dict of DESIGN.md's contract; runtime settings
-(data root, device, loader workers) arrive through ``tune.with_parameters``.
-It reports once per epoch (``training_iteration == epoch``) with a checkpoint
-bundle, and resumes from ``tune.get_checkpoint()`` after a failure, a node
-loss or a restored study. This is the only module of ``trainables`` that
-imports ray.
+(data root, device, loader workers, the ladder of budgets) arrive through
+``tune.with_parameters``. It reports once per epoch with a checkpoint (the
+run's bundle, the bundle before the budget's tail, and where it is on the
+ladder), and resumes from ``tune.get_checkpoint()`` after a failure, a node
+loss or a restored study. With several budgets the scheduler reads
+``completed_budget``: each rung sees a finished schedule. This is the only
+module of ``trainables`` that imports ray.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -21,10 +24,14 @@ import ray
 import torch
 from ray import tune
 
+from trainables.core.budgets import LadderState, fit_budgets
 from trainables.core.checkpoint import BUNDLE_NAME, load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.data import DatasetError
-from trainables.core.engine import Run, TrainingDiverged, fit
+from trainables.core.engine import TrainingDiverged
+
+PREFIX_NAME = "prefix.pt"  # the run before its budget's tail, where the next budget continues from
+LADDER_NAME = "ladder.json"
 
 DETERMINISTIC_FAILURE = "deterministic_failure.txt"
 # Fault injection for reliability tests: each trial raises once, after training this epoch (before reporting it).
@@ -40,14 +47,38 @@ def _resources() -> tuple[int, float]:
     return max(1, int(assigned.get("CPU", 1))), float(assigned.get("GPU", 0.0))
 
 
+def save_state(state: LadderState, folder: Path) -> None:
+    """A trial checkpoint: the run's bundle, its prefix bundle (if taken) and its place on the ladder."""
+    save_bundle(state.bundle, folder / BUNDLE_NAME)
+    if state.prefix is not None:
+        save_bundle(state.prefix, folder / PREFIX_NAME)
+    (folder / LADDER_NAME).write_text(json.dumps(state.to_dict()))
+
+
+def load_state(folder: Path) -> LadderState:
+    """Read what :func:`save_state` wrote (a checkpoint without ladder.json is a single-budget run)."""
+    bundle = load_bundle(folder / BUNDLE_NAME)
+    ladder = json.loads((folder / LADDER_NAME).read_text()) if (folder / LADDER_NAME).is_file() else {}
+    epoch = int(bundle["epoch"])
+    budget = int(ladder.get("budget", bundle["config"]["epochs"]))
+    return LadderState(
+        budget=budget,
+        epochs_trained=int(ladder.get("epochs_trained", epoch)),
+        completed_budget=int(ladder.get("completed_budget", budget if epoch >= budget else 0)),
+        bundle=bundle,
+        prefix=load_bundle(folder / PREFIX_NAME) if (folder / PREFIX_NAME).is_file() else None,
+    )
+
+
 def train_dml(
     config: dict[str, Any],
     *,
     data_root: str | None = None,
     device: str | None = None,
     num_workers: int = 0,
+    budgets: list[int] | None = None,
 ) -> None:
-    """Ray Tune function trainable for one trial."""
+    """Ray Tune function trainable for one trial; ``budgets`` defaults to ``[config epochs]``."""
     train_config = TrainConfig.from_dict(dict(config), source="trial config")
     cpus, gpus = _resources()
     torch.set_num_threads(cpus)
@@ -66,36 +97,35 @@ def train_dml(
     if marker.is_file():
         raise RuntimeError(f"not retried: {marker.read_text().strip()}")
 
-    resume = None
+    state = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
-            resume = load_bundle(Path(folder) / BUNDLE_NAME)
+            state = load_state(Path(folder))
+    resumed_from = state.epochs_trained if state else 0
 
     fault_epoch = int(os.environ.get(FAULT_ENV, "0") or 0)
     fault_done = marker.with_name("injected_fault_done")
 
-    def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
-        if epoch == fault_epoch and not fault_done.exists():  # a transient failure, for reliability tests
+    def on_epoch(metrics: dict[str, float], state: LadderState) -> None:
+        if state.epochs_trained == fault_epoch and not fault_done.exists():  # a transient failure, for reliability tests
             fault_done.parent.mkdir(parents=True, exist_ok=True)
             fault_done.touch()
-            raise RuntimeError(f"injected fault at epoch {epoch} (simulated out of memory)")
+            raise RuntimeError(f"injected fault at epoch {state.epochs_trained} (simulated out of memory)")
         clean = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
         with tempfile.TemporaryDirectory() as folder:
-            save_bundle(run.bundle(), Path(folder) / BUNDLE_NAME)
-            tune.report(
-                {**clean, **where, "resumed_from_epoch": int(resume["epoch"]) if resume else 0},
-                checkpoint=tune.Checkpoint.from_directory(folder),
-            )
+            save_state(state, Path(folder))
+            tune.report({**clean, **where, "resumed_from_epoch": resumed_from}, checkpoint=tune.Checkpoint.from_directory(folder))
 
     try:
-        fit(
+        fit_budgets(
             train_config,
+            budgets or [train_config.epochs],
             on_epoch,
+            state=state,
             mode="study",
             data_root=data_root or os.environ.get("DML_DATA_ROOT"),
             device=torch.device(device),
-            resume=resume,
             num_workers=num_workers,
         )
     except (TrainingDiverged, DatasetError, ConfigError) as error:

@@ -71,8 +71,12 @@ def train_one_epoch(
     device: torch.device,
     *,
     epoch: int = 0,
+    before_step: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """One pass over ``loader``; returns train_loss, train_accuracy (+ mean_proxy_norm for softmax)."""
+    """One pass over ``loader``; returns train_loss, train_accuracy (+ mean_proxy_norm for softmax).
+
+    ``before_step(step)`` runs before each optimizer step (the per-step schedule).
+    """
     model.train()
     loss_fn.train()
     total = count = 0.0
@@ -84,6 +88,8 @@ def train_one_epoch(
         labels = labels.to(device, non_blocking=True)
         start = time.perf_counter()
         data_time += start - tick
+        if before_step is not None:
+            before_step(step)
         with _autocast(device):
             embeddings = model(images)
         loss = loss_fn(embeddings.float(), labels)
@@ -263,6 +269,13 @@ def build_run(
 OnEpoch = Callable[[int, dict[str, float], Run], None]
 
 
+def apply_schedule(run: Run, epoch: float) -> None:
+    """Set alpha and the learning rates of ``run`` for (fractional) ``epoch`` of its budget (schedule.py)."""
+    if isinstance(run.loss_fn, HeatedSoftmaxLoss):
+        run.loss_fn.heat.fill_(schedule.alpha_at(run.config, epoch) / run.config.alpha)
+    schedule.set_lr(run.optimizer, schedule.lr_factor_at(run.config, epoch))
+
+
 def fit(
     config: TrainConfig,
     on_epoch: OnEpoch | None = None,
@@ -297,13 +310,14 @@ def fit(
     while run.epoch < config.epochs:
         epoch = run.epoch
         started = time.perf_counter()
-        alpha = schedule.alpha_at(config, epoch)
-        if isinstance(run.loss_fn, HeatedSoftmaxLoss):
-            run.loss_fn.heat.fill_(alpha / config.alpha)
-        lr = schedule.set_lr(run.optimizer, schedule.lr_factor_at(config, epoch))
         run.sampler.set_epoch(epoch)
-        metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch)
-        metrics["lr"] = lr
+        steps = max(len(run.sampler), 1)
+
+        def before_step(step: int, epoch: int = epoch, steps: int = steps) -> None:
+            apply_schedule(run, epoch + step / steps)
+
+        metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch, before_step=before_step)
+        metrics["lr"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
         if isinstance(run.loss_fn, HeatedSoftmaxLoss):
             metrics["alpha"] = run.loss_fn.current_alpha
         metrics["time_train_s"] = time.perf_counter() - started
