@@ -1,4 +1,4 @@
-"""study.report and study.final --space: hand-computed references, then a tiny grid end to end.
+"""study.report: hand-computed references, then a tiny grid of final runs (study.final --space) end to end.
 
 References: ASHA rungs are grace * factor^i below max_t (Li et al., ASHA; Ray's
 AsyncHyperBandScheduler); Spearman's rho of rankings without ties is
@@ -16,15 +16,11 @@ import math
 import re
 
 import mlflow
-import optuna
 import pytest
 import yaml
 
-from study import final, launch, report
+from study import final, report
 from study.report import asha_rungs, paper_table, rung_rank_correlation
-from study.search import make_sampler
-from study.spaces import load_space
-from tests.conftest import ROOT
 
 
 def all_runs(uri):
@@ -162,95 +158,6 @@ def test_paper_table_single_column_and_missing_metric():
     rows = table_rows(paper_table({"best": only}))
     assert rows["R@1"] == ["60.0 ± 14.1"]  # one column: nothing to bold
     assert rows["NMI"] == rows["MAP@R"] == ["-"]
-
-
-# -- make_sampler / --sampler ------------------------------------------------------------------------------------------
-
-
-def test_make_sampler_kinds():
-    searched, grid = load_space("smoke"), load_space("paper_ablation")
-    assert isinstance(make_sampler(searched, 0, "random"), optuna.samplers.RandomSampler)
-    assert isinstance(make_sampler(searched, 0, "tpe"), optuna.samplers.TPESampler)
-    assert isinstance(make_sampler(searched, 0), optuna.samplers.TPESampler)
-    for kind in ("tpe", "random", "bogus"):  # a grid space is walked by the grid whatever the kind
-        assert isinstance(make_sampler(grid, 0, kind), optuna.samplers.GridSampler)
-    with pytest.raises(ValueError, match="bogus"):
-        make_sampler(searched, 0, "bogus")
-
-
-def test_random_sampler_is_seeded():
-    space = load_space("smoke")
-
-    def draws(seed):
-        study = optuna.create_study(direction="maximize", sampler=make_sampler(space, seed, "random"))
-        out = []
-        for _ in range(4):
-            trial = study.ask()
-            out.append(space.suggest(trial))
-            study.tell(trial, 0.5)
-        return out
-
-    assert draws(7) == draws(7)
-    assert draws(7) != draws(8)
-
-
-def test_launch_sampler_flag(capsys):
-    assert launch.parse_args([]).sampler == "tpe"
-    assert launch.parse_args(["--sampler", "random"]).sampler == "random"
-    with pytest.raises(SystemExit) as exit_info:
-        launch.parse_args(["--sampler", "bogus"])
-    assert exit_info.value.code == 2 and "bogus" in capsys.readouterr().err
-
-
-# -- study.final --space: configurations, names, bad input -------------------------------------------------------------
-
-
-def test_space_configs_of_a_grid_space_are_named_key_value(tmp_path):
-    path = tmp_path / "g.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "fixed": {"dataset": "synthetic", "epochs": 3, "embedding_dim": 16},
-                "grid": {"alpha": [4.0, 16.0], "samples_per_class": [2, 4]},
-            }
-        )
-    )
-    configs, name = final.space_configs(str(path), epochs=1)
-    assert name == "g"
-    expected = {
-        "alpha=4.0,samples_per_class=2": (4.0, 2),
-        "alpha=4.0,samples_per_class=4": (4.0, 4),
-        "alpha=16.0,samples_per_class=2": (16.0, 2),
-        "alpha=16.0,samples_per_class=4": (16.0, 4),
-    }
-    assert {n: (c.alpha, c.samples_per_class) for n, c in configs} == expected
-    assert all(c.epochs == 1 and c.embedding_dim == 16 and c.dataset == "synthetic" for _, c in configs)
-
-
-def test_space_configs_of_a_variants_space_are_named_by_variant():
-    configs, name = final.space_configs("paper_ablation", epochs=None)
-    assert name == "paper_ablation"
-    by_name = dict(configs)
-    assert list(by_name) == ["SM", "LN", "BN", "HLN", "HBN"]  # the file's order
-    assert (by_name["SM"].normalization, by_name["SM"].alpha, by_name["SM"].heating) == ("none", 1.0, "none")
-    assert (by_name["HBN"].normalization, by_name["HBN"].heating, by_name["HBN"].heating_target) == ("bn", "two_stage", 4.0)
-    assert all(c.epochs == 30 for c in by_name.values())  # the space's own epochs without --epochs
-
-
-@pytest.mark.parametrize("space", [str(ROOT / "search_spaces" / "smoke.yaml"), "smoke", "no_such_space_file.yaml"])
-def test_final_space_bad_input_exits_2_without_a_run(tmp_path, runs, capsys, space):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = final.main(["--space", space, "--seeds", "1", "--epochs", "1", "--tracking-uri", uri])
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("error: ")
-    assert all_runs(uri)[1] == []  # not even a parent run
-
-
-def test_final_space_excludes_config():
-    with pytest.raises(SystemExit) as exit_info:
-        final.parse_args(["--space", "paper_ablation", "--config", "x.yaml"])
-    assert exit_info.value.code == 2
 
 
 # -- study.report: errors ----------------------------------------------------------------------------------------------
