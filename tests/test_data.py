@@ -19,7 +19,9 @@ import torch
 from PIL import Image
 from scipy.io import loadmat, savemat
 
+from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.data import (
+    DATASETS,
     DatasetError,
     DatasetSplits,
     ImageSet,
@@ -468,6 +470,13 @@ def test_unknown_dataset(tmp_path):
     with pytest.raises(DatasetError) as error:
         load_dataset("imagenet", tmp_path)
     assert_one_line(error, "'imagenet'", "omniglot")
+
+
+def test_config_allows_exactly_the_registered_datasets():
+    for name in DATASETS:
+        assert TrainConfig.from_dict({"dataset": name}).dataset == name
+    with pytest.raises(ConfigError, match="dataset='imagenet'.*one of " + ", ".join(DATASETS)):
+        TrainConfig.from_dict({"dataset": "imagenet"})
 
 
 def test_dataset_error_is_value_error():

@@ -24,7 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainables.core.losses import HeatedSoftmaxLoss, ICELoss, ice_terms, mean_proxy_norm
+from trainables.core.config import TrainConfig
+from trainables.core.losses import LOSSES, HeatedSoftmaxLoss, ICELoss, build_loss, ice_terms, mean_proxy_norm
 
 # float(loss) on a tensor that requires grad is fine here: values are only compared
 pytestmark = pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")
@@ -282,6 +283,42 @@ def test_learnable_alpha_is_a_parameter_with_gradient():
     assert float(loss_fn.alpha.grad) == pytest.approx(ref, rel=1e-4, abs=1e-7)
 
 
+def test_set_alpha_heats_a_fixed_alpha_to_the_schedule_value():
+    raw_w, f_hat, labels = random_problem(seed=12, batch=3, classes=4, dim=5)
+    w_hat = raw_w / np.linalg.norm(raw_w, axis=1, keepdims=True)
+    loss_fn = make_softmax(raw_w, 16.0)
+    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(16.0)}
+    loss_fn.set_alpha(4.0)
+    assert float(loss_fn.heat) == pytest.approx(0.25) and float(loss_fn.alpha) == 16.0
+    assert loss_fn.current_alpha == pytest.approx(4.0)
+    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(4.0)}
+    logits = loss_fn.logits(torch.tensor(f_hat, dtype=torch.float32))
+    np.testing.assert_allclose(logits.detach().numpy(), 4.0 * f_hat @ w_hat.T, rtol=1e-5, atol=1e-6)
+    loss_fn.set_alpha(16.0)  # back to the start: no drift from repeated calls
+    assert float(loss_fn.heat) == 1.0 and loss_fn.current_alpha == pytest.approx(16.0)
+
+
+def test_set_alpha_scales_a_learned_alpha_by_the_schedule_ratio():
+    loss_fn = HeatedSoftmaxLoss(3, 5, alpha=8.0, learn_alpha=True)
+    with torch.no_grad():
+        loss_fn.alpha.fill_(10.0)  # as if training had moved it from 8 to 10
+    loss_fn.set_alpha(4.0)  # the schedule halves alpha_init
+    assert float(loss_fn.heat) == pytest.approx(0.5)
+    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(5.0)}
+    assert isinstance(loss_fn.alpha, nn.Parameter) and float(loss_fn.alpha) == 10.0
+
+
+def test_ice_ignores_set_alpha_and_reports_no_schedule_metrics():
+    torch.manual_seed(13)
+    f, labels = torch.randn(8, 6), torch.arange(4).repeat_interleave(2)
+    loss_fn = ICELoss(scale=16.0)
+    before = float(loss_fn(f, labels))
+    loss_fn.set_alpha(4.0)
+    assert float(loss_fn(f, labels)) == before and loss_fn.scale == 16.0
+    assert loss_fn.schedule_metrics() == {}
+    assert dict(loss_fn.state_dict()) == {}
+
+
 def test_softmax_accuracy_stat():
     w = np.eye(3)
     f_hat = np.stack([unit([1, 0.1, 0]), unit([0.1, 1, 0]), unit([1, 0, 0.2]), unit([0, 0, 1])])
@@ -491,3 +528,39 @@ def test_ice_loss_accuracy_stat():
     loss_fn = ICELoss(scale=16.0)
     loss_fn(f, labels)
     assert loss_fn.stats["accuracy"] == pytest.approx(4 / 5)
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+
+def test_build_loss_reads_the_config_keys_of_each_loss():
+    softmax = build_loss(
+        TrainConfig.from_dict({"loss": "softmax", "embedding_dim": 12, "alpha": 32.0, "learn_alpha": True, "mean_proxy_weight": 0.5}),
+        num_classes=7,
+    )
+    assert type(softmax) is HeatedSoftmaxLoss and softmax.weight.shape == (7, 12)
+    assert isinstance(softmax.alpha, nn.Parameter) and float(softmax.alpha) == 32.0
+    assert softmax.weight_norm is True and softmax.bias is None and softmax.mean_proxy_weight == 0.5
+    plain = build_loss(TrainConfig.from_dict({"weight_norm": False, "heating": "none"}), num_classes=3)
+    assert plain.weight_norm is False and plain.bias is not None and plain.bias.shape == (3,)
+    ice = build_loss(TrainConfig.from_dict({"loss": "ice", "ice_scale": 32.0}), num_classes=7)
+    assert type(ice) is ICELoss and ice.scale == 32.0
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_every_registered_loss_keeps_the_engine_contract(name):
+    """What the engine relies on: a scalar with a gradient, batch-mean stats, set_alpha and schedule_metrics."""
+    torch.manual_seed(14)
+    config = TrainConfig.from_dict({"loss": name, "embedding_dim": 6, "samples_per_class": 2})
+    loss_fn = build_loss(config, num_classes=4)
+    assert type(loss_fn) is LOSSES[name]
+    f = torch.randn(8, 6, requires_grad=True)
+    loss = loss_fn(f, torch.arange(4).repeat_interleave(2))
+    loss.backward()
+    assert loss.shape == () and torch.isfinite(loss) and f.grad is not None
+    assert 0.0 <= loss_fn.stats["accuracy"] <= 1.0
+    assert all(isinstance(v, float) for v in loss_fn.stats.values())
+    loss_fn.set_alpha(config.heating_target)
+    metrics = loss_fn.schedule_metrics()
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert metrics == ({"alpha": pytest.approx(config.heating_target)} if name == "softmax" else {})

@@ -16,7 +16,7 @@ import torchvision
 
 from tests.conftest import write_malicious_pickle
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.models import BNNormalize, EmbeddingNet, SmallCNN, WeightsError
+from trainables.core.models import BACKBONES, NORMALIZATIONS, BNNormalize, EmbeddingNet, SmallCNN, WeightsError
 
 # -- feature normalization -------------------------------------------------------------------
 
@@ -88,14 +88,19 @@ def test_small_cnn_output_shape(size, spatial):
     assert emb(torch.randn(3, 1, size, size)).shape == (3, 24)
 
 
-def test_small_image_size_accepted_by_config_runs_or_is_refused():
-    try:
-        config = TrainConfig.from_dict({"backbone": "small_cnn", "image_size": 8, "dataset": "synthetic"})
-    except ConfigError as error:
-        assert "image_size" in str(error)
-        return
+def test_small_cnn_runs_at_the_smallest_image_size_the_config_accepts():
+    # 16 -> 8 -> 4 -> 2 -> 1: four halvings leave one pixel
+    config = TrainConfig.from_dict({"backbone": "small_cnn", "image_size": 16, "dataset": "synthetic"})
     net = EmbeddingNet("small_cnn", 16, "l2", in_channels=1, image_size=config.image_size).eval()
-    assert net(torch.randn(2, 1, 8, 8)).shape == (2, 16)
+    assert net(torch.randn(2, 1, 16, 16)).shape == (2, 16)
+
+
+@pytest.mark.parametrize("size", [8, 15])
+def test_small_cnn_below_16_px_is_refused_by_the_config(size):
+    # 15 -> 7 -> 3 -> 1 -> 0: the last pooling would leave no pixel
+    with pytest.raises(ConfigError, match=rf"image_size={size}\b.*backbone=small_cnn"):
+        TrainConfig.from_dict({"backbone": "small_cnn", "image_size": size, "dataset": "synthetic"})
+    assert TrainConfig.from_dict({"backbone": "resnet18", "image_size": size}).image_size == size
 
 
 @pytest.mark.parametrize("channels", [1, 3])
@@ -105,6 +110,35 @@ def test_resnet18_embedding_shape(channels):
     with torch.no_grad():
         out = net(torch.randn(2, channels, 64, 64))
     assert out.shape == (2, 16)
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZATIONS))
+def test_every_registered_normalization_is_a_config_choice(name):
+    assert TrainConfig.from_dict({"normalization": name}).normalization == name
+    net = EmbeddingNet("small_cnn", 8, name, in_channels=1, image_size=16).eval()
+    assert net(torch.randn(2, 1, 16, 16)).shape == (2, 8)
+
+
+def test_backbone_registry_is_the_config_choices():
+    for name in BACKBONES:
+        assert TrainConfig.from_dict({"backbone": name}).backbone == name
+    with pytest.raises(ConfigError, match="backbone='vgg16'.*one of small_cnn, resnet18, resnet50, googlenet"):
+        TrainConfig.from_dict({"backbone": "vgg16"})
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(BACKBONES) if n != "small_cnn"])
+def test_imagenet_weights_are_loaded_into_every_torchvision_backbone(name, monkeypatch):
+    """pretrained=imagenet with the download replaced by a seeded state dict of the full classifier."""
+    torch.manual_seed(7)
+    extra = {"aux_logits": True, "init_weights": False} if name == "googlenet" else {}
+    published = torchvision.models.get_model(name, weights=None, **extra).state_dict()
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", lambda self, *a, **k: published)
+    net = EmbeddingNet(name, 16, "l2", in_channels=1, image_size=64, pretrained="imagenet").eval()
+    loaded = net.backbone.net.state_dict()
+    assert loaded and all(torch.equal(value, published[key]) for key, value in loaded.items())
+    assert not any(key.startswith(("fc.", "aux")) for key in loaded)
+    with torch.no_grad():
+        assert net(torch.randn(2, 1, 64, 64)).shape == (2, 16)  # grayscale repeated to 3 channels
 
 
 # -- local weights files ---------------------------------------------------------------------

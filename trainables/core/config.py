@@ -18,13 +18,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-LOSS_CHOICES = ("softmax", "ice")
+# The allowed loss, normalization, optimizer, backbone and dataset are the names of the
+# registries that build them (LOSSES, NORMALIZATIONS, OPTIMIZERS, BACKBONES, DATASETS).
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
-NORMALIZATION_CHOICES = ("none", "l2", "bn")
-OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
-BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
-DATASET_CHOICES = ("omniglot", "cub200", "cars196", "sop", "inshop", "folder", "synthetic")
 
 
 class ConfigError(ValueError):
@@ -106,14 +103,21 @@ class TrainConfig:
         def bad(key: str, allowed: str) -> ConfigError:
             return ConfigError(f"{source}: {key}={getattr(self, key)!r} is not allowed; expected {allowed}")
 
+        # Imported here, not at the top: the registries sit beside what they build, which
+        # needs torch; importing config alone stays cheap and free of cycles.
+        from .data import DATASETS
+        from .losses import LOSSES
+        from .models import BACKBONES, NORMALIZATIONS
+        from .optimizers import OPTIMIZERS
+
         for key, choices in (
-            ("loss", LOSS_CHOICES),
+            ("loss", tuple(LOSSES)),
             ("heating", HEATING_CHOICES),
             ("lr_schedule", LR_SCHEDULE_CHOICES),
-            ("normalization", NORMALIZATION_CHOICES),
-            ("optimizer", OPTIMIZER_CHOICES),
-            ("backbone", BACKBONE_CHOICES),
-            ("dataset", DATASET_CHOICES),
+            ("normalization", tuple(NORMALIZATIONS)),
+            ("optimizer", tuple(OPTIMIZERS)),
+            ("backbone", tuple(BACKBONES)),
+            ("dataset", tuple(DATASETS)),
         ):
             if getattr(self, key) not in choices:
                 raise bad(key, "one of " + ", ".join(choices))

@@ -345,6 +345,7 @@ def load_synthetic(root: Path | None, image_size: int, download: bool = False) -
     return DatasetSplits(train, test, recall_ks=(1, 2, 4, 8), default_image_size=32)
 
 
+# config.dataset -> loader (root, image_size, download) -> DatasetSplits; its keys are the values TrainConfig allows
 DATASETS: dict[str, Callable[..., DatasetSplits]] = {
     "omniglot": load_omniglot,
     "cub200": load_cub200,

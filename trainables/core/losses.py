@@ -1,8 +1,16 @@
 """Losses: heated-up softmax, the mean-proxy regularizer and instance cross entropy.
 
-Every loss is an ``nn.Module`` with ``forward(embeddings (B, D), labels (B,)) ->
-scalar``; after a call, ``stats`` holds detached diagnostics of that batch
-(``accuracy`` and, for the softmax, ``mean_proxy_norm``).
+Every loss in :data:`LOSSES` is an ``nn.Module`` with the same contract:
+
+- ``from_config(config, num_classes)`` builds it from a ``TrainConfig``;
+- ``forward(embeddings (B, D), labels (B,)) -> scalar``; after a call, ``stats``
+  holds detached means over that batch (``accuracy`` always; the softmax adds
+  ``mean_proxy_norm``), so an epoch's value of each is their mean weighted by
+  batch size;
+- ``set_alpha(alpha)`` applies the heating schedule's alpha (a no-op for a loss
+  without a temperature);
+- ``schedule_metrics()`` returns the values the schedule set, to report once per
+  epoch (``{"alpha": ...}`` for the softmax, ``{}`` otherwise).
 
 - :class:`HeatedSoftmaxLoss`: cross entropy of p(m|x) = softmax(alpha * z)_m with
   z_m = <f, w_m> (+ b_m) (000_4178e6910e81cd2f, eqs. 1-2; gradient eq. 3), with
@@ -16,9 +24,14 @@ scalar``; after a call, ``stats`` holds detached diagnostics of that batch
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 
 def mean_proxy_norm(weight: torch.Tensor) -> torch.Tensor:
@@ -30,9 +43,21 @@ class HeatedSoftmaxLoss(nn.Module):
     """Softmax cross entropy with inverse temperature alpha over a (cosine) classifier.
 
     logits (B, M) = alpha_eff * f @ w_hat.T (+ bias), alpha_eff = alpha * heat,
-    where ``heat`` (set by the heating schedule) is target(epoch) / alpha.
+    where ``heat`` (set by :meth:`set_alpha`) is alpha_schedule(epoch) / alpha_init.
     With ``learn_alpha`` alpha is a parameter, initialised at ``alpha``.
     """
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, num_classes: int) -> HeatedSoftmaxLoss:
+        """A classifier over ``num_classes`` proxies of ``config.embedding_dim`` dimensions."""
+        return cls(
+            num_classes,
+            config.embedding_dim,
+            alpha=config.alpha,
+            learn_alpha=config.learn_alpha,
+            weight_norm=config.weight_norm,
+            mean_proxy_weight=config.mean_proxy_weight,
+        )
 
     def __init__(
         self,
@@ -57,12 +82,26 @@ class HeatedSoftmaxLoss(nn.Module):
         else:
             self.register_buffer("alpha", alpha_t)
         self.register_buffer("heat", torch.tensor(1.0))
+        self.initial_alpha = float(alpha)
         self.weight_norm, self.mean_proxy_weight = weight_norm, mean_proxy_weight
         self.stats: dict[str, float] = {}
 
     @property
     def current_alpha(self) -> float:
+        """The inverse temperature the logits are scaled by now: alpha (learned or fixed) x heat."""
         return float(self.alpha.detach() * self.heat)
+
+    def set_alpha(self, alpha: float) -> None:
+        """Heat to the schedule's ``alpha``: heat = alpha / alpha_init.
+
+        With a fixed alpha, :attr:`current_alpha` becomes ``alpha``; with a learned
+        one, ``alpha`` x (learned alpha / alpha_init). Cheap enough to call every step.
+        """
+        self.heat.fill_(alpha / self.initial_alpha)
+
+    def schedule_metrics(self) -> dict[str, float]:
+        """``{"alpha": current_alpha}``: the inverse temperature trained with."""
+        return {"alpha": self.current_alpha}
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         weight = F.normalize(self.weight, dim=1) if self.weight_norm else self.weight
@@ -125,10 +164,22 @@ class ICELoss(nn.Module):
     (averaged over anchors) and its gradient w.r.t. the similarities is eq. 15.
     """
 
+    @classmethod
+    def from_config(cls, config: TrainConfig, num_classes: int) -> ICELoss:
+        """ICE at scale ``config.ice_scale``; it has no class weights, so ``num_classes`` is unused."""
+        return cls(scale=config.ice_scale)
+
     def __init__(self, scale: float = 64.0) -> None:
         super().__init__()
         self.scale = scale
         self.stats: dict[str, float] = {}
+
+    def set_alpha(self, alpha: float) -> None:
+        """No-op: ICE's scale s is fixed; heating applies to the softmax only."""
+
+    def schedule_metrics(self) -> dict[str, float]:
+        """``{}``: nothing in ICE follows a schedule."""
+        return {}
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         f = F.normalize(embeddings.float(), dim=1)
@@ -143,18 +194,10 @@ class ICELoss(nn.Module):
         return loss + surrogate - surrogate.detach()
 
 
-LOSSES = {"softmax": HeatedSoftmaxLoss, "ice": ICELoss}
+# config.loss -> loss class; its keys are the values TrainConfig allows for ``loss``.
+LOSSES: dict[str, type[HeatedSoftmaxLoss] | type[ICELoss]] = {"softmax": HeatedSoftmaxLoss, "ice": ICELoss}
 
 
-def build_loss(config, num_classes: int) -> nn.Module:
-    """The loss of a TrainConfig (see config.py for the keys)."""
-    if config.loss == "ice":
-        return ICELoss(scale=config.ice_scale)
-    return HeatedSoftmaxLoss(
-        num_classes,
-        config.embedding_dim,
-        alpha=config.alpha,
-        learn_alpha=config.learn_alpha,
-        weight_norm=config.weight_norm,
-        mean_proxy_weight=config.mean_proxy_weight,
-    )
+def build_loss(config: TrainConfig, num_classes: int) -> HeatedSoftmaxLoss | ICELoss:
+    """The loss of ``config`` (``config.loss`` names it in :data:`LOSSES`) for ``num_classes`` training classes."""
+    return LOSSES[config.loss].from_config(config, num_classes)

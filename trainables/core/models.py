@@ -6,6 +6,10 @@ FCR2 of 001_df21db8a9bc1b516 (sec. 3). Feature normalization follows
 000_4178e6910e81cd2f sec. 3.3: ``none`` (SM), ``l2`` (LN) or ``bn`` (BN, eq. 7:
 batch norm without learned scale, divided by sqrt(d), so features have norm
 close to 1).
+
+:data:`BACKBONES` and :data:`NORMALIZATIONS` map the config's ``backbone`` and
+``normalization`` values to their builders; their keys are the values
+TrainConfig allows.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,23 +52,43 @@ class SmallCNN(nn.Module):
         return self.features(x).flatten(1)
 
 
-def _torchvision(name: str, imagenet: bool) -> tuple[nn.Module, int]:
-    import torchvision.models as tvm
+class BackboneNet(NamedTuple):
+    """What a backbone builder returns: the net (B, net_channels, S, S) -> (B, out_dim)."""
 
-    builders = {
-        "resnet18": (tvm.resnet18, tvm.ResNet18_Weights.IMAGENET1K_V1),
-        "resnet50": (tvm.resnet50, tvm.ResNet50_Weights.IMAGENET1K_V2),
-        "googlenet": (tvm.googlenet, tvm.GoogLeNet_Weights.IMAGENET1K_V1),
-    }
-    build, weights = builders[name]
-    kwargs = {"weights": weights if imagenet else None}
-    if name == "googlenet":
-        # pretrained GoogLeNet expects ImageNet-normalized input already: no transform_input
-        kwargs.update(aux_logits=False, init_weights=not imagenet, transform_input=False)
-    net = build(**kwargs)
+    net: nn.Module
+    out_dim: int
+    net_channels: int
+
+
+def _small_cnn(in_channels: int, image_size: int, imagenet: bool) -> BackboneNet:
+    net = SmallCNN(in_channels, image_size=image_size)
+    return BackboneNet(net, net.out_dim, in_channels)
+
+
+def _torchvision(name: str, weights: str, in_channels: int, image_size: int, imagenet: bool, **kwargs: Any) -> BackboneNet:
+    """torchvision's ImageNet classifier ``name`` without its last layer; ``weights`` when ``imagenet``."""
+    from torchvision.models import get_model
+
+    net = get_model(name, weights=weights if imagenet else None, **kwargs)
     out_dim = net.fc.in_features
     net.fc = nn.Identity()
-    return net, out_dim
+    return BackboneNet(net, out_dim, 3)
+
+
+def _googlenet(in_channels: int, image_size: int, imagenet: bool) -> BackboneNet:
+    # Pretrained GoogLeNet expects ImageNet-normalized input already: no transform_input. With
+    # weights, torchvision itself drops the auxiliary heads and refuses aux_logits or init_weights.
+    kwargs = {} if imagenet else {"aux_logits": False, "init_weights": True}
+    return _torchvision("googlenet", "IMAGENET1K_V1", in_channels, image_size, imagenet, transform_input=False, **kwargs)
+
+
+# config.backbone -> builder (in_channels, image_size, imagenet) -> BackboneNet
+BACKBONES: dict[str, Callable[[int, int, bool], BackboneNet]] = {
+    "small_cnn": _small_cnn,
+    "resnet18": partial(_torchvision, "resnet18", "IMAGENET1K_V1"),
+    "resnet50": partial(_torchvision, "resnet50", "IMAGENET1K_V2"),
+    "googlenet": _googlenet,
+}
 
 
 class Backbone(nn.Module):
@@ -71,13 +97,8 @@ class Backbone(nn.Module):
     def __init__(self, name: str, in_channels: int, image_size: int, pretrained: str) -> None:
         super().__init__()
         self.name = name
-        if name == "small_cnn":
-            self.net: nn.Module = SmallCNN(in_channels, image_size=image_size)
-            self.out_dim = self.net.out_dim
-            self.expand = False
-        else:
-            self.net, self.out_dim = _torchvision(name, pretrained == "imagenet")
-            self.expand = in_channels == 1
+        self.net, self.out_dim, net_channels = BACKBONES[name](in_channels, image_size, pretrained == "imagenet")
+        self.expand = net_channels != in_channels
         if pretrained not in ("none", "imagenet"):
             load_weights(self.net, pretrained, name)
 
@@ -138,6 +159,7 @@ class L2Normalize(nn.Module):
         return F.normalize(x, dim=-1)
 
 
+# config.normalization -> builder (embedding_dim) -> module (B, d) -> (B, d)
 NORMALIZATIONS: dict[str, Callable[[int], nn.Module]] = {
     "none": lambda dim: nn.Identity(),
     "l2": lambda dim: L2Normalize(),
