@@ -37,11 +37,12 @@ from .data import (
     train_transform,
 )
 from .losses import HeatedSoftmaxLoss, build_loss
-from .metrics import evaluate_embeddings
+from .metrics import evaluate_embeddings, one_shot_error
 from .models import EmbeddingNet
 from .sampler import ClassBatchSampler
 
 log = logging.getLogger(__name__)
+ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
 
 
 class TrainingDiverged(RuntimeError):
@@ -143,10 +144,13 @@ def evaluate(
     gallery: ImageSet | None = None,
     seed: int = 0,
     num_workers: int = 0,
+    one_shot_ways: int = 0,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``).
 
     Keys carry ``prefix``: ``{prefix}_recall_at_1``, ``{prefix}_nmi``, ``{prefix}_map_at_r``, ...
+    With ``one_shot_ways`` (self-retrieval only) also ``{prefix}_one_shot_error_{ways}way``:
+    400 seeded episodes, drawn within one alphabet where the classes have alphabets.
     """
     queries = embed(model, images, image_size, device, num_workers=num_workers)
     kwargs: dict[str, Any] = {}
@@ -156,7 +160,18 @@ def evaluate(
             "gallery_labels": gallery.labels,
         }
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
+    if one_shot_ways and gallery is None:
+        groups = alphabets(images)
+        metrics[f"one_shot_error_{one_shot_ways}way"] = one_shot_error(queries, images.labels, groups, ways=one_shot_ways, seed=seed)
     return {f"{prefix}_{name}": value for name, value in metrics.items()}
+
+
+def alphabets(images: ImageSet) -> dict[int, str] | None:
+    """Class id -> alphabet for Omniglot-style names ("alphabet/character"), else None."""
+    names = {int(c): images.names.get(int(c), "") for c in images.classes}
+    if not names or not all("/" in n for n in names.values()):
+        return None
+    return {c: n.split("/")[0] for c, n in names.items()}
 
 
 @dataclass
@@ -335,6 +350,7 @@ def fit(
                     gallery=run.gallery,
                     seed=config.seed,
                     num_workers=num_workers,
+                    one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
                 )
             )
             metrics["time_eval_s"] = time.perf_counter() - tick

@@ -503,3 +503,43 @@ def evaluate_embeddings(
         )
     out["nmi"] = nmi(x, y, n_runs=nmi_runs, seed=seed)
     return out
+
+
+def one_shot_error(
+    embeddings: ArrayLike,
+    labels: ArrayLike,
+    groups: dict[int, Any] | None = None,
+    *,
+    ways: int = 20,
+    episodes: int = 400,
+    seed: int = 0,
+) -> float:
+    """Error of N-way one-shot classification by the nearest support embedding (cosine similarity).
+
+    embeddings (N, D), labels (N,). Each seeded episode (Lake et al., Science 2015: 20-way
+    one-shot on Omniglot) draws ``ways`` classes, within one group when ``groups`` maps every
+    class to one (Omniglot's alphabets; groups with fewer than ``ways`` classes are never drawn),
+    else from all classes; then two images of each class, a support and a query. Every query is
+    classified by its most similar support. Returns the share of misclassified queries over all
+    episodes (``ways x episodes`` queries). Raises ValueError when no group can fill an episode.
+    """
+    x = _l2_normalize(_as_float_matrix(embeddings, "embeddings"))
+    y = _as_labels(labels, "labels", len(x), "embeddings")
+    ways, episodes = _check_positive_int(ways, "ways"), _check_positive_int(episodes, "episodes")
+    members = {int(c): np.flatnonzero(y == c) for c in np.unique(y)}
+    usable = [c for c, idx in members.items() if len(idx) >= 2]
+    by_group: dict[Any, list[int]] = {}
+    for c in usable:
+        by_group.setdefault(groups.get(c) if groups else None, []).append(c)
+    pools = [sorted(classes) for _, classes in sorted(by_group.items(), key=lambda kv: str(kv[0])) if len(classes) >= ways]
+    if not pools:
+        raise ValueError(f"one-shot: no group has {ways} classes with 2 or more images; expected ways <= the classes of a group")
+    rng = np.random.default_rng(seed)
+    wrong = 0
+    for _ in range(episodes):
+        pool = pools[rng.integers(len(pools))]
+        classes = rng.choice(pool, size=ways, replace=False)
+        pairs = np.stack([rng.choice(members[int(c)], size=2, replace=False) for c in classes])  # (ways, 2): support, query
+        similarity = x[pairs[:, 1]] @ x[pairs[:, 0]].T  # (queries, supports)
+        wrong += int(np.sum(np.argmax(similarity, axis=1) != np.arange(ways)))
+    return wrong / (ways * episodes)

@@ -1,0 +1,239 @@
+"""Rung fidelity: do early-stopping decisions on the default space keep the configurations that win at the full budget?
+
+Builds a ground truth: ``--configs`` configurations drawn (seeded random search,
+half heated-up softmax, half ICE) from a search space, each trained on the fit
+classes through the whole ladder of budgets with nothing stopped
+(trainables.core.budgets.fit_budgets), evaluated on the validation classes
+after every epoch. From it, two schedulers' decisions are replayed:
+
+* stock ASHA: judges a trial after b epochs of its full-budget schedule
+  (heating and the lr decay not started yet);
+* budget: the budget-aware scheduler of study.launch (the default): judges a
+  trial at the end of a schedule scaled to b.
+
+Reported per rung: the Spearman rank correlation between the rung's metric and
+the final metric; per scheduler: how many of the true top-3 survive successive
+halving (synchronous: the top 1/eta of every rung; asynchronous: Ray's ASHA
+rule over 200 random arrival orders), and the epochs each spends.
+
+  DML_DATA_ROOT=../shared/data python bench/rung_fidelity.py             # 24 configurations, 2 processes
+  python bench/rung_fidelity.py --reuse                                  # recompute from docs/bench/rung_fidelity.jsonl
+
+Results go to docs/bench/rung_fidelity.{jsonl,json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+from scipy.stats import spearmanr
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from study.spaces import load_space  # noqa: E402
+from trainables.core import schedule  # noqa: E402
+from trainables.core.budgets import fit_budgets, rung_budgets  # noqa: E402
+from trainables.core.config import TrainConfig  # noqa: E402
+
+KEPT = ("val_recall_at_1", "val_map_at_r", "alpha", "lr", "train_loss", "time_epoch_s")
+
+
+def draw_configs(space_name: str, n: int, seed: int) -> list[dict]:
+    """``n`` configs of the space from seeded random search, alternating the loss families."""
+    space = load_space(space_name)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), direction="maximize")
+    wanted = {"softmax": (n + 1) // 2, "ice": n // 2}
+    configs = []
+    while len(configs) < n:
+        trial = study.ask()
+        config = space.to_config(space.suggest(trial))
+        loss = config.get("loss", "softmax")
+        study.tell(trial, 0.0)
+        if wanted.get(loss, 0) > 0:
+            wanted[loss] -= 1
+            configs.append(config)
+    return configs
+
+
+def train_one(job: tuple[int, dict, list[int], str]) -> dict:
+    """Train one configuration through every budget; one thread per process."""
+    import torch
+
+    from trainables.core.data import load_dataset
+
+    torch.set_num_threads(1)
+    index, values, budgets, data_root = job
+    config = TrainConfig.from_dict(values, source=f"configuration {index}")
+    splits = load_dataset(config.dataset, data_root, config.image_size)
+    records = []
+    started = time.time()
+    fit_budgets(
+        config,
+        budgets,
+        lambda m, s: records.append({k: m[k] for k in ("budget", "epoch", *KEPT) if k in m}),
+        mode="study",
+        splits=splits,
+        device=torch.device("cpu"),
+    )
+    return {"index": index, "config": values, "records": records, "seconds": time.time() - started}
+
+
+def value_at(entry: dict, budget: int, epoch: int, metric: str, full: int) -> float:
+    """The metric after ``epoch`` epochs of the schedule scaled to ``budget``.
+
+    An epoch inside a schedule's constant prefix is the same for every budget
+    that long or longer, so it is read from whichever budget recorded it.
+    """
+    for r in entry["records"]:
+        if r["epoch"] != epoch:
+            continue
+        same = r["budget"] == budget
+        prefix = schedule.shared_prefix(TrainConfig.from_dict({**entry["config"], "epochs": r["budget"]}))
+        shared = epoch <= prefix and epoch <= schedule.shared_prefix(TrainConfig.from_dict({**entry["config"], "epochs": budget}))
+        if same or shared:
+            return float(r[metric])
+    raise KeyError(f"configuration {entry['index']}: no record of budget {budget}, epoch {epoch}")
+
+
+def rung_values(entries: list[dict], budgets: list[int], metric: str, kind: str) -> np.ndarray:
+    """(configs, rungs) metric at each rung: at the end of its own schedule (budget) or mid-schedule (asha)."""
+    full = budgets[-1]
+    table = [[value_at(e, b if kind == "budget" else full, b, metric, full) for b in budgets] for e in entries]
+    return np.asarray(table)
+
+
+def epoch_cost(stopped_at: int, budgets: list[int], prefixes: list[int], kind: str) -> int:
+    """Epochs a trial stopped after rung ``stopped_at`` (index) has trained."""
+    if kind == "asha":
+        return budgets[stopped_at]
+    return budgets[0] + sum(budgets[i] - prefixes[i - 1] for i in range(1, stopped_at + 1))
+
+
+def sync_halving(values: np.ndarray, eta: float) -> np.ndarray:
+    """Index of the last rung each config reaches when every rung keeps its top ceil(n / eta)."""
+    alive = np.arange(len(values))
+    reached = np.zeros(len(values), dtype=int)
+    for rung in range(values.shape[1] - 1):
+        keep = max(1, int(np.ceil(len(alive) / eta)))
+        order = alive[np.argsort(-values[alive, rung], kind="stable")]
+        alive = np.sort(order[:keep])
+        reached[alive] = rung + 1
+    return reached
+
+
+def async_halving(values: np.ndarray, eta: float, order: np.ndarray) -> np.ndarray:
+    """Ray Tune's ASHA rule: a trial arriving at a rung stops when below the (1 - 1/eta) quantile so far."""
+    recorded: list[list[float]] = [[] for _ in range(values.shape[1])]
+    reached = np.zeros(len(values), dtype=int)
+    for i in order:
+        for rung in range(values.shape[1] - 1):
+            seen = recorded[rung]
+            cutoff = np.percentile(seen, (1 - 1 / eta) * 100) if seen else None
+            seen.append(values[i, rung])
+            if cutoff is not None and values[i, rung] < cutoff:
+                break
+            reached[i] = rung + 1
+    return reached
+
+
+def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) -> dict:
+    final = rung_values(entries, budgets, metric, "budget")[:, -1]
+    top3 = set(np.argsort(-final, kind="stable")[:3].tolist())
+    prefixes = [schedule.shared_prefix(TrainConfig.from_dict({**e["config"], "epochs": b})) for e in entries[:1] for b in budgets]
+    out = {"final": final.tolist(), "top3": sorted(top3), "schedulers": {}}
+    rng = np.random.default_rng(0)
+    orders = [rng.permutation(len(entries)) for _ in range(200)]
+    for kind in ("asha", "budget"):
+        values = rung_values(entries, budgets, metric, kind)
+        rho = {str(b): float(spearmanr(values[:, i], final).statistic) for i, b in enumerate(budgets[:-1])}
+        last = len(budgets) - 1
+        sync = sync_halving(values, eta)
+        asyncs = [async_halving(values, eta, order) for order in orders]
+        out["schedulers"][kind] = {
+            "spearman": rho,
+            "sync_top3_kept": int(sum(sync[i] == last for i in top3)),
+            "sync_epochs": int(sum(epoch_cost(r, budgets, prefixes, kind) for r in sync)),
+            "async_top3_kept_mean": float(np.mean([sum(a[i] == last for i in top3) for a in asyncs])),
+            "async_top3_all_kept_share": float(np.mean([all(a[i] == last for i in top3) for a in asyncs])),
+            "async_epochs_mean": float(np.mean([sum(epoch_cost(r, budgets, prefixes, kind) for r in a) for a in asyncs])),
+            "rung_values": values.tolist(),
+        }
+    out["all_epochs_full_budget"] = len(entries) * budgets[-1]
+    return out
+
+
+def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str:
+    budgets = result["budgets"]
+    lines = [
+        "# Rung fidelity on the default space",
+        "",
+        f"`python bench/rung_fidelity.py --configs {args.configs} --seed {args.seed}` on {result['machine']}; "
+        f"{len(entries)} configurations, budgets {budgets}, eta {args.reduction_factor}, metric {args.metric} on the validation classes.",
+        "",
+        "| scheduler | " + " | ".join(f"Spearman at rung {b}" for b in budgets[:-1]) + " | true top-3 kept (sync) | "
+        "epochs (sync) | true top-3 kept (async, mean of 200 orders) | all 3 kept (async) | epochs (async) |",
+        "|---|" + "---|" * (len(budgets) - 1) + "---|---|---|---|---|",
+    ]
+    for kind, s in result["schedulers"].items():
+        rho = " | ".join(f"{s['spearman'][str(b)]:.3f}" for b in budgets[:-1])
+        lines.append(
+            f"| {kind} | {rho} | {s['sync_top3_kept']}/3 | {s['sync_epochs']} | {s['async_top3_kept_mean']:.2f}/3 | "
+            f"{100 * s['async_top3_all_kept_share']:.0f} % | {s['async_epochs_mean']:.0f} |"
+        )
+    lines += ["", f"Every configuration at the full budget: {result['all_epochs_full_budget']} epochs.", ""]
+    lines += ["| # | loss | final | " + " | ".join(f"asha@{b} | budget@{b}" for b in budgets[:-1]) + " |", "|---|---|---|" + "---|---|" * (len(budgets) - 1)]
+    for i, e in enumerate(entries):
+        cells = " | ".join(
+            f"{result['schedulers']['asha']['rung_values'][i][j]:.4f} | {result['schedulers']['budget']['rung_values'][i][j]:.4f}"
+            for j in range(len(budgets) - 1)
+        )
+        mark = " (top 3)" if i in result["top3"] else ""
+        lines.append(f"| {e['index']}{mark} | {e['config'].get('loss')} | {result['final'][i]:.4f} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--space", default="default")
+    parser.add_argument("--configs", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--grace-period", type=int, default=4)
+    parser.add_argument("--reduction-factor", type=float, default=4.0)
+    parser.add_argument("--metric", default="val_recall_at_1")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data-root", default=os.environ.get("DML_DATA_ROOT"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "rung_fidelity"))
+    parser.add_argument("--reuse", action="store_true", help="only recompute the analysis from the stored .jsonl")
+    args = parser.parse_args()
+    configs = draw_configs(args.space, args.configs, args.seed)
+    budgets = rung_budgets(int(configs[0]["epochs"]), args.grace_period, args.reduction_factor)
+    store = Path(args.out + ".jsonl")
+    done = {json.loads(line)["index"] for line in store.read_text().splitlines()} if store.is_file() else set()
+    jobs = [(i, c, budgets, args.data_root) for i, c in enumerate(configs) if i not in done]
+    if jobs and not args.reuse:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool, store.open("a") as f:
+            for entry in pool.imap_unordered(train_one, jobs):
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                print(f"configuration {entry['index']}: {entry['seconds']:.0f} s", flush=True)
+    entries = sorted((json.loads(line) for line in store.read_text().splitlines()), key=lambda e: e["index"])
+    result = analyse(entries, budgets, args.reduction_factor, args.metric)
+    result.update(budgets=budgets, machine=f"{platform.node()} ({os.cpu_count()} CPUs)", load_average=os.getloadavg())
+    Path(args.out + ".json").write_text(json.dumps(result, indent=1))
+    Path(args.out + ".md").write_text(markdown(result, args, entries))
+    print(Path(args.out + ".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
