@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -439,13 +440,82 @@ def test_concurrent_writers_lose_no_optuna_records(tmp_path):
     assert all(t.state.name == "COMPLETE" and t.intermediate_values == {1: t.value} for t in trials)
 
 
-def test_no_credentials_in_the_repository():
-    import re
+# AWS access key ids and secret keys, private keys, GitHub tokens
+CREDENTIAL = re.compile(r"AKIA[0-9A-Z]{16}|(?i:aws_secret_access_key)\s*[=:]|-----BEGIN [A-Z ]*PRIVATE KEY-----|ghp_[A-Za-z0-9]{36}")
+# installed packages and caches: skipped outside a git checkout
+NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "node_modules"}
 
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    pattern = re.compile(r"AKIA[0-9A-Z]{16}|aws_secret_access_key\\s*[=:]|-----BEGIN [A-Z ]*PRIVATE KEY-----|ghp_[A-Za-z0-9]{36}")
-    hits = [path for path in tracked if (ROOT / path).is_file() and pattern.search((ROOT / path).read_text(errors="ignore"))]
-    assert hits == []
+
+def repository_files(root: Path) -> list[Path]:
+    """The files a commit of ``root`` would hold: git's tracked and untracked, not ignored ones.
+
+    Outside a git checkout (an unpacked archive, or no git), every file outside :data:`NOT_SOURCE`.
+    """
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        listed = None
+    if listed is not None and listed.returncode == 0:
+        return [root / name for name in listed.stdout.split("\0") if name and (root / name).is_file()]
+
+    def source(path: Path) -> bool:
+        return not NOT_SOURCE.intersection(path.relative_to(root).parts[:-1])
+
+    return sorted(path for path in root.rglob("*") if path.is_file() and source(path))
+
+
+def credential_hits(files: list[Path]) -> list[Path]:
+    """The files among ``files`` whose text matches :data:`CREDENTIAL`."""
+    return [path for path in files if CREDENTIAL.search(path.read_text(errors="ignore"))]
+
+
+# Planted credentials are built from pieces so that this file never matches CREDENTIAL itself.
+PLANTED = {
+    "aws secret": "aws_secret_access_key" + " = abc",
+    "aws secret, env style": "AWS_SECRET_ACCESS_KEY" + ": abc",
+    "aws key id": "id = AKIA" + "ABCDEFGHIJKLMNOP",
+    "private key": "-----BEGIN RSA " + "PRIVATE KEY-----",
+    "github token": "token: ghp_" + "a1" * 18,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_credential_scan_finds_a_planted_secret(tmp_path, kind):
+    (tmp_path / "clean.py").write_text("password_field = 'aws_secret_access_key'\n")
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / ".env").write_text(f"region = eu-west-1\n{PLANTED[kind]}\n")
+    assert credential_hits(repository_files(tmp_path)) == [tmp_path / ".ci" / ".env"]
+
+
+def test_credential_scan_reads_tracked_and_new_files_of_a_git_checkout(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("ignored.txt\n")
+    (tmp_path / "tracked.yaml").write_text(PLANTED["aws secret"] + "\n")
+    git("add", "tracked.yaml", ".gitignore")
+    (tmp_path / "new.py").write_text(PLANTED["github token"] + "\n")
+    (tmp_path / "ignored.txt").write_text(PLANTED["aws key id"] + "\n")
+    files = repository_files(tmp_path)
+    assert sorted(p.name for p in files) == [".gitignore", "new.py", "tracked.yaml"]
+    assert sorted(p.name for p in credential_hits(files)) == ["new.py", "tracked.yaml"]
+
+
+def test_credential_scan_of_a_clean_folder_finds_nothing(tmp_path):
+    (tmp_path / "a.py").write_text("key_id = os.environ['AWS_ACCESS_KEY_ID']\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "secret.txt").write_text(PLANTED["aws secret"] + "\n")  # installed packages: skipped
+    files = repository_files(tmp_path)
+    assert files == [tmp_path / "a.py"] and credential_hits(files) == []
+
+
+def test_no_credentials_in_the_repository():
+    files = repository_files(ROOT)
+    assert ROOT / "pyproject.toml" in files, f"the scan of {ROOT} found {len(files)} files and not pyproject.toml"
+    assert credential_hits(files) == []
 
 
 @pytest.mark.slow
