@@ -1,0 +1,106 @@
+"""Tests of TrainConfig validation: each error checked by the key it must name.
+
+Allowed values of choice keys come from the registries; their own tests are beside each
+registry (test_losses, test_models, test_optimizers, test_data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainables.core.config import ConfigError, TrainConfig
+
+
+def test_defaults_are_valid():
+    config = TrainConfig.from_dict({})
+    assert config == TrainConfig()
+    assert config.alpha == 16.0 and config.heating_target == 4.0 and config.ice_scale == 64.0
+    assert config.batch_size == config.classes_per_batch * config.samples_per_class
+    assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="temprature"):
+        TrainConfig.from_dict({"temprature": 0.1})
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("alpha", 0),
+        ("alpha", -1.0),
+        ("alpha", float("nan")),
+        ("val_fraction", 1.5),
+        ("val_fraction", 0.0),
+        ("dropout", 1),
+        ("heating_start", 2),
+        ("embedding_dim", 1),
+        ("classes_per_batch", 1),
+        ("lr", 0.0),
+        ("ice_scale", float("inf")),
+        ("weight_decay", -0.1),
+        ("momentum", 1.0),
+        ("epochs", 0),
+        ("loss", "triplet"),
+        ("normalization", "batch"),
+    ],
+)
+def test_out_of_range_value_names_key(key, value):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({key: value})
+    assert key in str(info.value)
+
+
+def test_ice_needs_two_samples_per_class():
+    with pytest.raises(ConfigError, match="samples_per_class"):
+        TrainConfig.from_dict({"loss": "ice", "samples_per_class": 1})
+    assert TrainConfig.from_dict({"loss": "softmax", "samples_per_class": 1}).samples_per_class == 1
+
+
+def test_heating_target_above_alpha_is_refused():
+    with pytest.raises(ConfigError, match="heating_target"):
+        TrainConfig.from_dict({"alpha": 4.0, "heating_target": 8.0})
+    # without heating the target is unused
+    assert TrainConfig.from_dict({"alpha": 4.0, "heating_target": 8.0, "heating": "none"}).alpha == 4.0
+
+
+def test_string_coercion():
+    config = TrainConfig.from_dict({"alpha": "16", "learn_alpha": "true", "weight_norm": "False", "epochs": "3", "embedding_dim": 32.0})
+    assert config.alpha == 16.0 and isinstance(config.alpha, float)
+    assert config.learn_alpha is True and config.weight_norm is False
+    assert config.epochs == 3 and isinstance(config.epochs, int)
+    assert config.embedding_dim == 32 and isinstance(config.embedding_dim, int)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("classes_per_batch", True),
+        ("epochs", 2.5),
+        ("epochs", "three"),
+        ("alpha", "hot"),
+        ("alpha", False),
+        ("learn_alpha", 1),
+        ("loss", 3),
+    ],
+)
+def test_bad_types_are_refused(key, value):
+    with pytest.raises(ConfigError, match=key):
+        TrainConfig.from_dict({key: value})
+
+
+def test_not_a_mapping():
+    with pytest.raises(ConfigError):
+        TrainConfig.from_dict([("alpha", 16)])
+
+
+def test_config_is_frozen():
+    config = TrainConfig.from_dict({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.alpha = 4.0  # type: ignore[misc]
+    changed = config.replace(alpha=32.0)
+    assert changed.alpha == 32.0 and config.alpha == 16.0
+    with pytest.raises(ConfigError, match="alpha"):
+        config.replace(alpha=0)
