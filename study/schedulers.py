@@ -1,0 +1,51 @@
+"""Early stopping for a study: which Ray Tune scheduler judges trials, and at which budgets.
+
+- ``budget`` (the default): successive halving on completed schedules. Every
+  trial trains through the ladder of budgets ``grace, grace x eta, ..., epochs``
+  (trainables.core.budgets), each budget with its heating and lr decay scaled to
+  it, and Ray Tune's asynchronous successive halving reads ``completed_budget``:
+  a rung's decision always sees the metric of a finished schedule. A promoted
+  trial continues from its checkpoint before the tail, so a promotion costs only
+  the epochs after it.
+- ``asha``: stock ASHA on ``training_iteration``: trials are judged after b epochs
+  of their full-budget schedule, before heating and the lr decay (the baseline).
+- ``fifo``: no early stopping; every trial trains its full budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+
+from trainables.core.budgets import rung_budgets
+
+SCHEDULERS = ("budget", "asha", "fifo")
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """A scheduler choice resolved: its Ray Tune scheduler and the budgets every trial trains through."""
+
+    kind: str
+    scheduler: TrialScheduler
+    budgets: tuple[int, ...]  # the trainable's ladder; (epochs,) without budget-aware rungs
+    rungs: tuple[int, ...]  # where trials are judged (epochs of a finished schedule, or epochs trained)
+
+
+def make_early_stopping(kind: str, max_epochs: int, grace_period: int, reduction_factor: float) -> EarlyStopping:
+    """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs."""
+    if kind not in SCHEDULERS:
+        raise ValueError(f"scheduler {kind!r}: expected one of {', '.join(SCHEDULERS)}")
+    if kind == "fifo":
+        return EarlyStopping(kind, FIFOScheduler(), (max_epochs,), ())
+    rungs = tuple(rung_budgets(max_epochs, grace_period, reduction_factor)[:-1])
+    halving = AsyncHyperBandScheduler(
+        time_attr="completed_budget" if kind == "budget" else "training_iteration",
+        max_t=max_epochs,
+        grace_period=grace_period,
+        reduction_factor=reduction_factor,
+        brackets=1,
+    )
+    budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
+    return EarlyStopping(kind, halving, budgets, rungs)
