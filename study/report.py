@@ -1,9 +1,4 @@
-"""Study reports: the artifacts study.launch ends with, and `python -m study.report`.
-
-``study_artifacts`` is what ``study.launch`` attaches to the parent run at the
-end of a study: ``best_config.yaml``, ``trials.csv``, and PNGs of the
-optimization history, parameter importances, parallel coordinates and the
-validation metric against epoch for every trial.
+"""python -m study.report: a Markdown report with plots of a study or of a grid of final runs, from MLflow.
 
 ``python -m study.report --study NAME [--out DIR]`` reads the MLflow records of
 a study (``study.launch``) or of a grid of final runs (``study.final --space``)
@@ -14,115 +9,44 @@ table (one row per metric, one column per configuration, mean and spread over
 seeds) and embedding diagnostics of the final models (positive/negative pair
 cosine similarities on the test classes, the mean-proxy norm over training).
 The same files are logged to the parent run under ``report/``.
+
+The files a study itself ends with (``best_config.yaml``, ``trials.csv``, the
+Optuna plots) are written by ``study.artifacts``.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import re
+import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import mlflow
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
-import optuna  # noqa: E402
-
-from study.tracking import write_yaml  # noqa: E402
-from trainables.core.config import TrainConfig  # noqa: E402
+from study import plots, tracking
+from study.artifacts import (
+    optuna_plot,
+    study_artifacts,  # noqa: F401  re-exported until study.launch imports it from study.artifacts
+)
 
 log = logging.getLogger(__name__)
-STATE_COLORS = {"COMPLETE": "tab:blue", "PRUNED": "tab:orange", "FAIL": "tab:red", "RUNNING": "tab:gray"}
+
+TABLE_METRICS = (
+    ("NMI", "test_nmi"),
+    ("R@1", "test_recall_at_1"),
+    ("R@2", "test_recall_at_2"),
+    ("R@4", "test_recall_at_4"),
+    ("R@8", "test_recall_at_8"),
+    ("MAP@R", "test_map_at_r"),
+)
 
 
-def _note(path: Path, title: str, text: str) -> Path:
-    """A PNG that says why a plot could not be drawn (e.g. too few complete trials)."""
-    fig, ax = plt.subplots(figsize=(6, 2.5))
-    ax.axis("off")
-    ax.set_title(title)
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _optuna_plot(path: Path, title: str, draw) -> Path:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = draw()
-        fig = (result.flat[0] if hasattr(result, "flat") else result).figure
-        fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
-    except Exception as error:  # optuna raises for too few or constant trials
-        plt.close("all")
-        return _note(path, title, f"not drawn: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
-
-
-def learning_curves(study: optuna.Study, metric: str, path: Path) -> Path:
-    """The validation metric against epoch for every trial, coloured by final state."""
-    fig, ax = plt.subplots(figsize=(8, 5))
-    drawn = set()
-    for t in study.get_trials(deepcopy=False):
-        if not t.intermediate_values:
-            continue
-        steps = sorted(t.intermediate_values)
-        state = t.state.name
-        ax.plot(
-            steps,
-            [t.intermediate_values[s] for s in steps],
-            marker=".",
-            color=STATE_COLORS.get(state, "k"),
-            alpha=0.7,
-            label=state.lower() if state not in drawn else None,
-        )
-        drawn.add(state)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} against epoch, all trials")
-    if drawn:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def study_artifacts(study: optuna.Study, children: dict[str, Any], out: Path, metric: str, best) -> list[Path]:
-    paths = []
-    if best is not None:
-        config = TrainConfig.from_dict(best.user_attrs["config"], source="best trial").to_dict()
-        paths.append(write_yaml(out / "best_config.yaml", config))
-    frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
-    frame = frame.drop(columns=[c for c in frame.columns if c == "user_attrs_config"])
-    frame["epochs"] = [len(t.intermediate_values) for t in study.get_trials(deepcopy=False)]
-    frame["mlflow_run_id"] = [
-        children[t.user_attrs["tune_trial_id"]].info.run_id if t.user_attrs.get("tune_trial_id") in children else ""
-        for t in study.get_trials(deepcopy=False)
-    ]
-    frame = frame.rename(columns={"value": metric})
-    frame.to_csv(out / "trials.csv", index=False)
-    paths.append(out / "trials.csv")
-    vis = optuna.visualization.matplotlib
-    paths.append(
-        _optuna_plot(
-            out / "optimization_history.png", "optimization history", lambda: vis.plot_optimization_history(study, target_name=metric)
-        )
-    )
-    paths.append(_optuna_plot(out / "param_importances.png", "parameter importances", lambda: vis.plot_param_importances(study)))
-    paths.append(
-        _optuna_plot(
-            out / "parallel_coordinate.png", "parallel coordinates", lambda: vis.plot_parallel_coordinate(study, target_name=metric)
-        )
-    )
-    paths.append(learning_curves(study, metric, out / "learning_curves.png"))
-    return paths
+# -- pure helpers, tested by hand ---------------------------------------------------------------------------------------
 
 
 def rung_rank_correlation(curves: list[list[float]], rungs: list[int], final: int) -> dict[int, dict[str, float]]:
@@ -148,18 +72,6 @@ def rung_rank_correlation(curves: list[list[float]], rungs: list[int], final: in
             rho = float(spearmanr(early, last).statistic)
         out[rung] = {"spearman": rho, "n": len(full)}
     return out
-
-
-# -- python -m study.report ------------------------------------------------------------------------------------------
-
-TABLE_METRICS = (
-    ("NMI", "test_nmi"),
-    ("R@1", "test_recall_at_1"),
-    ("R@2", "test_recall_at_2"),
-    ("R@4", "test_recall_at_4"),
-    ("R@8", "test_recall_at_8"),
-    ("MAP@R", "test_map_at_r"),
-)
 
 
 def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:
@@ -194,38 +106,6 @@ def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0
     return "\n".join(lines)
 
 
-def _history(client, run_id: str, key: str) -> list[float]:
-    """A run's metric by step (epoch 1..n), as a list."""
-    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
-    by_step = {m.step: m.value for m in points}
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def _curves_plot(series: dict[str, list[float]], colors: dict[str, str], ylabel: str, title: str, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    labelled = set()
-    for name, values in series.items():
-        color = colors.get(name, "tab:blue")
-        label = None
-        if color not in labelled and len(set(colors.values())) > 1:
-            label = next(k for k, v in STATE_COLORS.items() if v == color).lower() if color in STATE_COLORS.values() else name
-            labelled.add(color)
-        elif len(set(colors.values())) <= 1 and len(series) <= 12:
-            label = name
-        ax.plot(
-            range(1, len(values) + 1), values, marker=".", color=color if len(set(colors.values())) > 1 else None, alpha=0.75, label=label
-        )
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def _fmt(value: Any) -> str:
     """Params as MLflow keeps them (strings), with long floats shortened."""
     text = str(value)
@@ -237,56 +117,28 @@ def _fmt(value: Any) -> str:
     return text
 
 
-def _importances(parent, out: Path, client) -> tuple[list[str], Path | None]:
-    """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
-    lines: list[str] = []
-    storage = parent.data.params.get("optuna_storage")
-    name = parent.data.tags.get("study_name")
-    try:
-        from study.search import open_storage
-
-        study = optuna.load_study(study_name=name, storage=open_storage(storage))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importances = optuna.importance.get_param_importances(study)
-        lines += ["| parameter | importance |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in importances.items()]
-        path = _optuna_plot(
-            out / "param_importances.png", "parameter importances", lambda: optuna.visualization.matplotlib.plot_param_importances(study)
-        )
-        return lines, path
-    except Exception as error:  # storage moved or unreachable, or too few trials: fall back to the stored plot
-        detail = tracking_first_line(error)
-        try:
-            path = Path(client.download_artifacts(parent.info.run_id, "param_importances.png", str(out)))
-            return [f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)"], path
-        except Exception:
-            return [f"(parameter importances unavailable: {detail})"], None
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def tracking_first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else type(error).__name__
+# -- reading MLflow --------------------------------------------------------------------------------------------------
 
 
 def find_parent(client, name: str, experiment: str | None):
     """The newest study (study.launch) or grid-final (study.final --space) parent run named ``name``."""
-    import re
-
-    from study.tracking import UsageError
-
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise UsageError(f"--study {name!r}: expected a study name of letters, digits, _ . -")
+        raise tracking.UsageError(f"--study {name!r}: expected a study name of letters, digits, _ . -")
     if experiment:
         found = client.get_experiment_by_name(experiment)
         if found is None:
-            raise UsageError(f"--experiment {experiment}: no such MLflow experiment")
+            raise tracking.UsageError(f"--experiment {experiment}: no such MLflow experiment")
         ids = [found.experiment_id]
     else:
         ids = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(ids, filter_string=f"tags.study_name = '{name}'", max_results=5000, order_by=["attributes.start_time DESC"])
     parents = [r for r in runs if r.data.tags.get("kind") in ("study", "final_grid")]
     if not parents:
-        raise UsageError(
+        raise tracking.UsageError(
             f"--study {name}: no study or grid of final runs of that name"
             + (f" in experiment {experiment!r}" if experiment else "")
             + "; expected the --study-name of study.launch or the name of a study.final --space run"
@@ -294,128 +146,126 @@ def find_parent(client, name: str, experiment: str | None):
     return parents[0]
 
 
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    """A run's metric by step (epoch), in step order; the last value logged at a step wins."""
+    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    return {m.step: m.value for m in points}
+
+
+def _mean_over_seeds(client, runs: list, key: str) -> dict[int, float]:
+    """The mean history of ``key`` over the runs that logged it, up to the shortest one ({} when none did)."""
+    histories = [list(h.values()) for h in (_history(client, r.info.run_id, key) for r in runs if key in r.data.metrics) if h]
+    if not histories:
+        return {}
+    length = min(len(h) for h in histories)
+    return dict(enumerate(np.mean([h[:length] for h in histories], axis=0).tolist(), start=1))
+
+
+def _final_seed_runs(client, parent, max_results: int = 5000) -> list:
+    """The study.final seed runs under ``parent``, oldest first."""
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.kind = 'final_seed'",
+        max_results=max_results,
+        order_by=["attributes.start_time ASC"],
+    )
+
+
 def _seed_metrics(run) -> dict[str, float]:
     return {k: v for k, v in run.data.metrics.items() if k.startswith("test_")}
 
 
-def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[str]:
-    """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
-    lines = [
-        "| configuration | positive pair cosine (mean) | negative pair cosine (mean) | gap | final mean-proxy norm | time per seed |",
-        "|---|---|---|---|---|---|",
-    ]
-    proxy: dict[str, list[float]] = {}
-    for conf, runs in groups.items():
-        m = [r.data.metrics for r in runs]
-        pos = np.mean([x["test_positive_similarity_mean"] for x in m if "test_positive_similarity_mean" in x] or [np.nan])
-        neg = np.mean([x["test_negative_similarity_mean"] for x in m if "test_negative_similarity_mean" in x] or [np.nan])
-        curves = [_history(client, r.info.run_id, "mean_proxy_norm") for r in runs if "mean_proxy_norm" in r.data.metrics]
-        curves = [c for c in curves if c]
-        norm = "-"
-        if curves:
-            length = min(len(c) for c in curves)
-            proxy[conf] = list(np.mean([c[:length] for c in curves], axis=0))
-            norm = f"{proxy[conf][-1]:.3f}"
-        seconds = np.mean([x.get("time_total_s", np.nan) for x in m])
-        lines.append(f"| {conf} | {pos:.3f} | {neg:.3f} | {pos - neg:.3f} | {norm} | {seconds:.0f} s |")
-    lines.append("")
-    if proxy:
-        path = _curves_plot(
-            proxy,
-            {},
-            "mean-proxy norm ||mean of class weights||",
-            "mean-proxy norm over training (mean over seeds)",
-            out / "mean_proxy_norm.png",
-        )
-        lines += [f"![mean-proxy norm]({path.name})", ""]
-    else:
-        lines += ["(no softmax-family run: the mean-proxy norm is not defined for ICE)", ""]
-    for conf, runs in groups.items():
-        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
-        names = [a.path for a in client.list_artifacts(first.info.run_id) if a.path.startswith("similarity_histogram")]
-        if names:
-            target = out / f"similarity_{_slug(conf)}.png"
-            local = client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))
-            Path(local).replace(target)
-            lines += [f"{conf} (seed {first.data.tags.get('seed')}): ![pair similarities]({target.name})", ""]
-    return lines
+def _trial_key(run) -> str:
+    return run.info.run_name or run.data.tags.get("trial_id")
 
 
-def _slug(text: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+# -- sections of a study's report ------------------------------------------------------------------------------------
 
 
-def study_report(client, parent, out: Path, top: int) -> list[str]:
-    params, tags = parent.data.params, parent.data.tags
-    name = tags["study_name"]
-    metric, mode = params.get("metric", "val_recall_at_1"), params.get("mode", "max")
-    max_epochs = int(params.get("epochs", 0))
-    from study.tracking import child_runs
-
-    trials = child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
-    curves = {r.info.run_name or r.data.tags.get("trial_id"): _history(client, r.info.run_id, metric) for r in trials}
-    states = {
-        r.info.run_name or r.data.tags.get("trial_id"): r.data.tags.get("optuna_state", r.data.tags.get("trial_state", "?")) for r in trials
-    }
-    m = parent.data.metrics
-    lines = [
-        f"# Study {name}",
+def study_header(parent, metric: str, mode: str) -> list[str]:
+    params, m = parent.data.params, parent.data.metrics
+    return [
+        f"# Study {parent.data.tags['study_name']}",
         "",
-        f"- space: `{params.get('space')}`, {params.get('num_samples', '?')} trials of up to {max_epochs} epochs, "
+        f"- space: `{params.get('space')}`, {params.get('num_samples', '?')} trials of up to {params.get('epochs', 0)} epochs, "
         f"sampler {params.get('sampler', 'tpe')}, ASHA grace {params.get('grace_period')} / factor {params.get('reduction_factor')}",
         f"- status: {parent.info.status}; {int(m.get('n_complete', 0))} complete, {int(m.get('n_pruned', 0))} pruned, "
         f"{int(m.get('n_failed', 0))} failed; {int(m.get('epochs_spent', 0))} epochs trained in {m.get('wall_time_s', float('nan')):.0f} s",
         f"- metric: {metric} ({mode}) on the validation classes",
         "",
-        f"## Top trials by {metric}",
-        "",
     ]
-    rows = []
-    for r in trials:
-        key = r.info.run_name or r.data.tags.get("trial_id")
-        values = curves.get(key) or []
-        if states.get(key) == "COMPLETE" and values:
-            rows.append((values[-1], key, r))
-    rows.sort(key=lambda x: x[0], reverse=(mode == "max"))
-    varying = (
-        sorted(
-            k
-            for k in set().union(*(r.data.params for r in trials))
-            if len({r.data.params.get(k) for r in trials}) > 1 and k not in ("seed",)
-        )
-        if trials
-        else []
-    )
-    lines += ["| trial | " + metric + " | epochs | " + " | ".join(varying) + " |", "|---|---|---|" + "---|" * len(varying)]
+
+
+def top_trials(trials: list, histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, mode: str, top: int) -> list[str]:
+    """The ``top`` complete trials by their last ``metric``, with the params that vary between trials."""
+    rows = [
+        (list(histories[key].values())[-1], key, r) for r in trials if states.get(key := _trial_key(r)) == "COMPLETE" and histories.get(key)
+    ]
+    rows.sort(key=lambda row: row[0], reverse=(mode == "max"))
+    keys = set().union(*(r.data.params for r in trials)) if trials else set()
+    varying = sorted(k for k in keys if k != "seed" and len({r.data.params.get(k) for r in trials}) > 1)
+    lines = [f"## Top trials by {metric}", "", f"| trial | {metric} | epochs | " + " | ".join(varying) + " |"]
+    lines.append("|---|---|---|" + "---|" * len(varying))
     for value, key, r in rows[:top]:
-        lines.append(f"| {key} | {value:.4f} | {len(curves[key])} | " + " | ".join(_fmt(r.data.params.get(k, "")) for k in varying) + " |")
+        cells = " | ".join(_fmt(r.data.params.get(k, "")) for k in varying)
+        lines.append(f"| {key} | {value:.4f} | {len(histories[key])} | {cells} |")
     if not rows:
         lines.append("(no complete trial)")
-    lines.append("")
+    return [*lines, ""]
+
+
+def best_config(client, parent, out: Path) -> list[str]:
+    """The best trial's config as the study stored it (nothing before a trial completes)."""
     try:
-        best_yaml = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
-        lines += [
-            "The best trial's config (`best_config.yaml`, what `study.final --study` retrains):",
-            "",
-            "```yaml",
-            best_yaml.rstrip(),
-            "```",
-            "",
-        ]
+        text = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
     except Exception:  # no complete trial, or the study has not ended
-        pass
-    imp_lines, imp_path = _importances(parent, out, client)
-    lines += ["## Parameter importances", "", *imp_lines, ""]
-    if imp_path is not None:
-        lines += [f"![parameter importances]({imp_path.name})", ""]
-    colors = {k: STATE_COLORS.get(states.get(k, ""), "k") for k in curves}
-    _curves_plot(curves, colors, metric, f"{metric} against epoch, all {len(curves)} trials", out / "learning_curves.png")
-    lines += ["## Validation metric against epoch", "", "![learning curves](learning_curves.png)", ""]
-    rungs = asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs) if max_epochs else []
-    correlation = rung_rank_correlation(list(curves.values()), rungs, max_epochs) if max_epochs else {}
-    lines += [
+        return []
+    return ["The best trial's config (`best_config.yaml`, what `study.final --study` retrains):", "", "```yaml", text.rstrip(), "```", ""]
+
+
+def importances(client, parent, out: Path) -> list[str]:
+    """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
+    import optuna
+
+    from study.search import open_storage
+
+    lines = ["## Parameter importances", ""]
+    try:
+        study = optuna.load_study(
+            study_name=parent.data.tags.get("study_name"), storage=open_storage(parent.data.params.get("optuna_storage"))
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
+            values = optuna.importance.get_param_importances(study)
+        lines += ["| parameter | importance |", "|---|---|", *(f"| {k} | {v:.3f} |" for k, v in values.items()), ""]
+        path = optuna_plot(
+            out / "param_importances.png", "parameter importances", lambda: optuna.visualization.matplotlib.plot_param_importances(study)
+        )
+    except Exception as error:  # storage moved or unreachable, or too few trials: fall back to the stored plot
+        detail = tracking.first_error_line(str(error) or type(error).__name__)[:200]
+        try:
+            path = Path(client.download_artifacts(parent.info.run_id, "param_importances.png", str(out)))
+        except Exception:
+            return [*lines, f"(parameter importances unavailable: {detail})", ""]
+        lines += [f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)", ""]
+    return [*lines, f"![parameter importances]({path.name})", ""]
+
+
+def learning_curves(histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, out: Path) -> list[str]:
+    title = f"{metric} against epoch, all {len(histories)} trials"
+    path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states)
+    return ["## Validation metric against epoch", "", f"![learning curves]({path.name})", ""]
+
+
+def early_stopping(parent, histories: dict[str, dict[int, float]], metric: str) -> list[str]:
+    """Is early stopping trustworthy: the Spearman correlation of each ASHA rung's ranking with the last epoch's."""
+    params = parent.data.params
+    max_epochs = int(params.get("epochs", 0))
+    correlation = {}
+    if max_epochs:
+        rungs = asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
+        correlation = rung_rank_correlation([list(h.values()) for h in histories.values()], rungs, max_epochs)
+    lines = [
         "## Is early stopping trustworthy here?",
         "",
         f"Spearman rank correlation between {metric} at each ASHA rung and at epoch {max_epochs}, over the trials that ran every epoch "
@@ -425,37 +275,100 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
         "|---|---|---|",
     ]
     lines += [f"| {rung} | {row['spearman']:.3f} | {row['n']} |" for rung, row in correlation.items()] or ["| - | - | - |"]
-    lines.append("")
-    finals = client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.kind = 'final_seed'",
-        max_results=1000,
-    )
-    lines += ["## Final model on the test classes (study.final --study)", ""]
-    if finals:
-        column = f"best config of {name}"
-        lines += [paper_table({column: [_seed_metrics(r) for r in finals]}), ""]
-        lines += ["### Embedding diagnostics", "", *final_diagnostics(client, {column: finals}, out)]
-    else:
-        lines += [f"(none yet: `python -m study.final --study {name}`)", ""]
+    return [*lines, ""]
+
+
+def study_finals(client, parent, out: Path) -> list[str]:
+    """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
+    name = parent.data.tags["study_name"]
+    finals = _final_seed_runs(client, parent, max_results=1000)
+    lines = ["## Final model on the test classes (study.final --study)", ""]
+    if not finals:
+        return [*lines, f"(none yet: `python -m study.final --study {name}`)", ""]
+    column = f"best config of {name}"
+    lines += [paper_table({column: [_seed_metrics(r) for r in finals]}), ""]
+    return [*lines, "### Embedding diagnostics", "", *final_diagnostics(client, {column: finals}, out)]
+
+
+def study_report(client, parent, out: Path, top: int) -> list[str]:
+    params = parent.data.params
+    metric, mode = params.get("metric", "val_recall_at_1"), params.get("mode", "max")
+    trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
+    histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
+    states = {_trial_key(r): r.data.tags.get("optuna_state", r.data.tags.get("trial_state", "?")) for r in trials}
+    return [
+        *study_header(parent, metric, mode),
+        *top_trials(trials, histories, states, metric, mode, top),
+        *best_config(client, parent, out),
+        *importances(client, parent, out),
+        *learning_curves(histories, states, metric, out),
+        *early_stopping(parent, histories, metric),
+        *study_finals(client, parent, out),
+    ]
+
+
+# -- sections about final runs ---------------------------------------------------------------------------------------
+
+
+def pair_similarity_table(groups: dict[str, list], proxy: dict[str, dict[int, float]]) -> list[str]:
+    """Per configuration: mean positive / negative pair cosine, their gap, the last mean-proxy norm, time per seed."""
+    lines = [
+        "| configuration | positive pair cosine (mean) | negative pair cosine (mean) | gap | final mean-proxy norm | time per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for conf, runs in groups.items():
+        m = [r.data.metrics for r in runs]
+        pos = np.mean([x["test_positive_similarity_mean"] for x in m if "test_positive_similarity_mean" in x] or [np.nan])
+        neg = np.mean([x["test_negative_similarity_mean"] for x in m if "test_negative_similarity_mean" in x] or [np.nan])
+        norm = f"{list(proxy[conf].values())[-1]:.3f}" if proxy.get(conf) else "-"
+        seconds = np.mean([x.get("time_total_s", np.nan) for x in m])
+        lines.append(f"| {conf} | {pos:.3f} | {neg:.3f} | {pos - neg:.3f} | {norm} | {seconds:.0f} s |")
+    return [*lines, ""]
+
+
+def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[str]:
+    """The pair-similarity histogram of each configuration's first seed, as study.final logged it."""
+    lines = []
+    for conf, runs in groups.items():
+        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
+        names = [a.path for a in client.list_artifacts(first.info.run_id) if a.path.startswith("similarity_histogram")]
+        if names:
+            target = out / f"similarity_{_slug(conf)}.png"
+            Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
+            lines += [f"{conf} (seed {first.data.tags.get('seed')}): ![pair similarities]({target.name})", ""]
     return lines
+
+
+def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[str]:
+    """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
+    proxy = {conf: _mean_over_seeds(client, runs, "mean_proxy_norm") for conf, runs in groups.items()}
+    proxy = {conf: values for conf, values in proxy.items() if values}
+    lines = pair_similarity_table(groups, proxy)
+    if proxy:
+        title = "mean-proxy norm over training (mean over seeds)"
+        path = plots.curves(proxy, out / "mean_proxy_norm.png", ylabel="mean-proxy norm ||mean of class weights||", title=title)
+        lines += [f"![mean-proxy norm]({path.name})", ""]
+    else:
+        lines += ["(no softmax-family run: the mean-proxy norm is not defined for ICE)", ""]
+    return lines + similarity_histograms(client, groups, out)
 
 
 def grid_report(client, parent, out: Path) -> list[str]:
     tags = parent.data.tags
-    name = tags["study_name"]
-    seeds = client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.kind = 'final_seed'",
-        max_results=5000,
-        order_by=["attributes.start_time ASC"],
-    )
+    seeds = _final_seed_runs(client, parent)
     groups: dict[str, list] = {}
     for r in seeds:
         if r.info.status == "FINISHED":
             groups.setdefault(r.data.tags.get("configuration", "?"), []).append(r)
-    lines = [
-        f"# {name}: final runs on the test classes",
+    losses = {conf: _mean_over_seeds(client, runs, "train_loss") for conf, runs in groups.items()}
+    path = plots.curves(
+        {conf: values for conf, values in losses.items() if values},
+        out / "train_loss.png",
+        ylabel="train loss",
+        title="training loss (mean over seeds)",
+    )
+    return [
+        f"# {tags['study_name']}: final runs on the test classes",
         "",
         f"- space: `{tags.get('space')}`, {tags.get('configurations', len(groups))} configurations, status {parent.info.status}",
         f"- {len(seeds)} seed runs ({sum(r.info.status == 'FINISHED' for r in seeds)} finished); epochs per run: "
@@ -467,17 +380,12 @@ def grid_report(client, parent, out: Path) -> list[str]:
         "",
         "## Training loss against epoch (mean over seeds)",
         "",
+        f"![training loss]({path.name})",
+        "",
+        "## Embedding diagnostics",
+        "",
+        *final_diagnostics(client, groups, out),
     ]
-    losses = {}
-    for conf, runs in groups.items():
-        curves = [c for c in (_history(client, r.info.run_id, "train_loss") for r in runs) if c]
-        if curves:
-            length = min(len(c) for c in curves)
-            losses[conf] = list(np.mean([c[:length] for c in curves], axis=0))
-    _curves_plot(losses, {}, "train loss", "training loss (mean over seeds)", out / "train_loss.png")
-    lines += ["![training loss](train_loss.png)", "", "## Embedding diagnostics", ""]
-    lines += final_diagnostics(client, groups, out)
-    return lines
 
 
 def write_report(client, parent, out: Path, top: int = 10) -> Path:
@@ -486,20 +394,16 @@ def write_report(client, parent, out: Path, top: int = 10) -> Path:
         lines = study_report(client, parent, out, top)
     else:
         lines = grid_report(client, parent, out)
-    import shutil
-
     shutil.rmtree(out / "tmp", ignore_errors=True)
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
+# -- the command -----------------------------------------------------------------------------------------------------
 
-    from study import tracking
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m study.report",
         description="Write a Markdown report with plots of a study (study.launch) or of a grid of final runs (study.final --space) "
@@ -516,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.top < 1:
         parser.error(f"--top {args.top}: expected an integer >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
