@@ -22,20 +22,22 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
+import torch
 
 from study import tracking
 from study.plots import pair_similarities, similarity_histogram
 from study.tracking import UsageError
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DATA_ROOT_ENV, DatasetError, load_dataset
-from trainables.core.engine import Run, TrainingDiverged, build_run, default_device, embed, fit
+from trainables.core.data import DATA_ROOT_ENV, DatasetError, DatasetSplits, image_size_for, load_dataset
+from trainables.core.engine import Run, TrainingDiverged, build_model, default_device, embed, fit
 from trainables.core.models import WeightsError
 
 log = logging.getLogger(__name__)
@@ -163,15 +165,15 @@ def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: P
     return {"test": test, "time_s": elapsed, "model_uri": info.model_uri, "run_id": mlflow.active_run().info.run_id}
 
 
-def study_config(args: argparse.Namespace, uri: str) -> tuple[TrainConfig, str, str, str]:
-    """The best config of study ``args.study``: (config, name, experiment id, parent run id)."""
-    tracking.setup(uri, args.experiment)
+def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str]:
+    """The best config of ``study`` (its parent run's best_config.yaml) and the parent run's id."""
+    tracking.setup(uri, experiment)
     client = mlflow.MlflowClient(uri)
-    experiment = client.get_experiment_by_name(args.experiment)
-    parent = tracking.find_study_run(client, experiment.experiment_id, args.study)
+    found = client.get_experiment_by_name(experiment)
+    parent = tracking.find_study_run(client, found.experiment_id, study)
     if parent is None:
         raise UsageError(
-            f"--study {args.study}: no study of that name in MLflow experiment {args.experiment!r} at {uri}; "
+            f"--study {study}: no study of that name in MLflow experiment {experiment!r} at {uri}; "
             "expected the --study-name of a study.launch run (and its --experiment)"
         )
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,14 +183,13 @@ def study_config(args: argparse.Namespace, uri: str) -> tuple[TrainConfig, str, 
             )
         except mlflow.exceptions.MlflowException:
             raise UsageError(
-                f"--study {args.study}: the study has no best_config.yaml (no trial completed); "
+                f"--study {study}: the study has no best_config.yaml (no trial completed); "
                 "expected a finished study with at least one complete trial"
             ) from None
         values = tracking.read_yaml(path, "the study's best config")
-    if args.epochs is not None:
-        values = {**values, "epochs": args.epochs}
-    config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {args.study}")
-    return config, args.study, experiment.experiment_id, parent.info.run_id
+    if epochs is not None:
+        values = {**values, "epochs": epochs}
+    return TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}"), parent.info.run_id
 
 
 def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:
@@ -208,127 +209,250 @@ def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainC
     return configs, space.name
 
 
-def run_final(args: argparse.Namespace) -> dict[str, Any]:
-    uri = tracking.resolve_tracking_uri(args.tracking_uri)
-    study_parent = None
+@dataclass(frozen=True)
+class FinalPlan:
+    """What one study.final command trains and where it records it, resolved before any MLflow run exists.
+
+    Three modes make one: ``--config`` (one configuration under a new ``final``
+    parent run), ``--space`` (every configuration of a grid under a new
+    ``final_grid`` parent run, tagged ``study_name`` for study.report) and
+    ``--study`` (the study's best config, attached to the study's parent run,
+    whose records then get the ``final_`` prefix).
+    """
+
+    name: str  # of the config file, the space or the study
+    configurations: tuple[tuple[str, TrainConfig], ...]  # (name, config), trained in this order
+    seeds: int  # each configuration is trained with seeds config.seed, +1, ... (this many)
+    experiment: str
+    source: str  # where the configurations came from, for error messages
+    run_name: str = ""  # of the parent run to create
+    parent_run_id: str | None = None  # an existing parent run to attach to (--study); None: create one
+    study: str | None = None
+    space: str | None = None
+    register: str | None = None  # registry name of the first seed's model
+
+    @property
+    def grid(self) -> bool:
+        return self.space is not None
+
+    @property
+    def prefix(self) -> str:
+        """Of the parent run's metrics and files: a study's parent run has its own."""
+        return "final_" if self.parent_run_id else ""
+
+    def seed_values(self) -> list[int]:
+        """The seeds of the first configuration; every configuration counts from its own config seed."""
+        return [self.configurations[0][1].seed + i for i in range(self.seeds)]
+
+    def source_of(self, name: str) -> str:
+        return f"{self.source} ({name})" if self.grid else self.source
+
+    def seed_run_name(self, name: str, seed: int) -> str:
+        return f"{name}-seed{seed}" if self.grid else f"final-{self.name}-seed{seed}"
+
+
+def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
+    """Resolve the command line into a plan; raises the input errors (nothing is created but, for --study, the experiment)."""
     if args.study:
-        config, name, experiment_id, study_parent = study_config(args, uri)
-        configurations, source = [(name, config)], f"best_config.yaml of study {args.study}"
-    elif args.space:
+        config, parent_id = study_config(args.study, args.experiment, args.epochs, uri)
+        return FinalPlan(
+            args.study,
+            ((args.study, config),),
+            args.seeds,
+            args.experiment,
+            source=f"best_config.yaml of study {args.study}",
+            parent_run_id=parent_id,
+            study=args.study,
+            register=args.register or f"{args.study}-embedding",
+        )
+    if args.space:
         configurations, name = space_configs(args.space, args.epochs)
-        source = args.space
-    else:
-        config, name = load_config(args.config, args.epochs)
-        configurations, source = [(name, config)], args.config or f"configs/{DEFAULT_CONFIG}"
-    grid = bool(args.space)
-    # everything that can be wrong with the input is checked before a run is created
-    device = default_device() if args.device is None else __import__("torch").device(args.device)
-    splits_by_key: dict[tuple, Any] = {}
-    for conf_name, config in configurations:
+        run_name = args.run_name or name
+        return FinalPlan(
+            name, tuple(configurations), args.seeds, args.experiment, args.space, run_name, space=args.space, register=args.register
+        )
+    config, name = load_config(args.config, args.epochs)
+    source, run_name = args.config or f"configs/{DEFAULT_CONFIG}", args.run_name or f"final-{name}"
+    return FinalPlan(name, ((name, config),), args.seeds, args.experiment, source, run_name, register=args.register)
+
+
+def resolve_device(flag: str | None) -> torch.device:
+    if flag is None:
+        return default_device()
+    try:
+        return torch.device(flag)
+    except RuntimeError:
+        raise UsageError(f"--device {flag}: not a device; expected cpu, cuda or cuda:N") from None
+
+
+def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tuple[str, int], DatasetSplits]:
+    """Each dataset of the plan, loaded once, after checking that every configuration can be trained on it.
+
+    The checks are the cheap ones: the batches fill from the dataset's training
+    classes, and a weights file given as ``pretrained`` fits the backbone.
+    Returns {(dataset, image_size): splits}.
+    """
+    splits: dict[tuple[str, int], DatasetSplits] = {}
+    weights_checked: set[tuple[str, str, str]] = set()
+    for name, config in plan.configurations:
         key = (config.dataset, config.image_size)
-        if key not in splits_by_key:
-            splits_by_key[key] = load_dataset(config.dataset, args.data_root, config.image_size, download=args.download)
-        build_run(config, mode="final", splits=splits_by_key[key], device=device, source=source if not grid else f"{source} ({conf_name})")
-    if study_parent is None:
-        experiment_id = tracking.setup(uri, args.experiment)
-    client = mlflow.MlflowClient(uri)
-    register = args.register or (f"{name}-embedding" if args.study else None)
-    first = configurations[0][1]
-    seeds = [first.seed + i for i in range(args.seeds)]
-    what = f"{len(configurations)} configurations of {name}" if grid else f"{name}: {first.loss}"
-    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {seeds}, device {device}")
-    if study_parent is None:
-        run_name = args.run_name or (name if grid else f"final-{name}")
-        tags = {**tracking.reproducibility_tags(), "kind": "final_grid" if grid else "final"}
-        if grid:
-            tags.update({"study_name": run_name, "space": str(args.space), "configurations": str(len(configurations))})
-        parent_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
-        params = [mlflow.entities.Param("seeds", ",".join(map(str, seeds)))]
-        if not grid:
-            params += [mlflow.entities.Param(k, str(v)) for k, v in first.to_dict().items() if k != "seed"]
-        client.log_batch(parent_id, params=params)
+        if key not in splits:
+            splits[key] = load_dataset(config.dataset, data_root, config.image_size, download=download)
+        train = splits[key].train
+        classes = len(np.unique(train.labels))
+        if config.classes_per_batch > classes:
+            raise ConfigError(
+                f"{plan.source_of(name)}: classes_per_batch={config.classes_per_batch} is larger than the {classes} "
+                f"training classes of {config.dataset!r}; expected at most {classes}"
+            )
+        if config.pretrained not in ("none", "imagenet") and (config.backbone, config.pretrained, train.kind) not in weights_checked:
+            # a weights file is checked by loading it into the backbone, as training will
+            build_model(config, train.kind, image_size_for(config.dataset, config.image_size))
+            weights_checked.add((config.backbone, config.pretrained, train.kind))
+    return splits
+
+
+def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan) -> str:
+    """The parent run's id: the study's (--study), or a new run with the seeds and, for one configuration, its params."""
+    if plan.parent_run_id is not None:
+        return plan.parent_run_id
+    tags = {**tracking.reproducibility_tags(), "kind": "final_grid" if plan.grid else "final"}
+    if plan.grid:
+        tags.update({"study_name": plan.run_name, "space": str(plan.space), "configurations": str(len(plan.configurations))})
+    parent_id = client.create_run(experiment_id, run_name=plan.run_name, tags=tags).info.run_id
+    first = plan.configurations[0][1]
+    params = [mlflow.entities.Param("seeds", ",".join(map(str, plan.seed_values())))]
+    if not plan.grid:
+        params += [mlflow.entities.Param(k, str(v)) for k, v in first.to_dict().items() if k != "seed"]
+    client.log_batch(parent_id, params=params)
+    return parent_id
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how the seed runs train: the MLflow experiment and parent run, the device, a scratch folder."""
+
+    experiment_id: str
+    parent_id: str
+    device: torch.device
+    num_workers: int
+    workdir: Path
+
+
+def train_configuration(
+    plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None, started: list[str]
+) -> dict[str, Any]:
+    """Train ``config`` over the plan's seeds, one child run each; the run ids are appended to ``started``.
+
+    Returns {"config", "results" (per seed), "summary" (mean and spread of the test metrics)}.
+    """
+    results: list[dict[str, Any]] = []
+    for i in range(plan.seeds):
+        seed_config = config.replace(seed=config.seed + i)
+        tags = {
+            **tracking.reproducibility_tags(),
+            "kind": "final_seed",
+            "seed": str(seed_config.seed),
+            "mlflow.parentRunId": target.parent_id,
+        }
+        if plan.study:
+            tags["study_name"] = plan.study
+        if plan.grid:
+            tags["configuration"] = name
+        run_name = plan.seed_run_name(name, seed_config.seed)
+        with mlflow.start_run(experiment_id=target.experiment_id, run_name=run_name, tags=tags) as run:
+            started.append(run.info.run_id)
+            mlflow.log_params(seed_config.to_dict())
+            results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, register if i == 0 else None))
+    summary = summarize([r["test"] for r in results])
+    summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
+    return {"config": config, "results": results, "summary": summary}
+
+
+def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan, outcomes: dict[str, dict[str, Any]]) -> None:
+    """The parent run's results so far: results.json, and for one configuration the summary as metrics."""
+    if plan.grid:
+        results = {n: {"per_seed": o["results"], "summary": o["summary"]} for n, o in outcomes.items()}
+        client.log_dict(parent_id, results, "results.json")
+        return
+    (outcome,) = outcomes.values()
+    for key, value in outcome["summary"].items():
+        client.log_metric(parent_id, plan.prefix + key, value)
+    client.log_dict(parent_id, {"per_seed": outcome["results"], "summary": outcome["summary"]}, f"{plan.prefix}results.json")
+
+
+def train_plan(
+    client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target, started: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
+    if plan.grid:
+        client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
     else:
-        parent_id = study_parent
-    prefix = "final_" if study_parent else ""
+        config_file = tracking.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
+        client.log_artifact(target.parent_id, str(config_file))
     outcomes: dict[str, dict[str, Any]] = {}
-    seed_runs: list[str] = []
+    for index, (name, config) in enumerate(plan.configurations):
+        if plan.grid:
+            print(f"\n[{index + 1}/{len(plan.configurations)}] {name}", flush=True)
+        data = splits[(config.dataset, config.image_size)]
+        outcomes[name] = train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started)
+        record_outcomes(client, target.parent_id, plan, outcomes)
+    return outcomes
+
+
+def run_final(args: argparse.Namespace) -> dict[str, Any]:
+    """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING."""
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    plan = make_plan(args, uri)
+    device = resolve_device(args.device)
+    splits = load_data(plan, args.data_root, args.download)  # every input error surfaces before a run is created
+    experiment_id = tracking.setup(uri, plan.experiment)
+    client = mlflow.MlflowClient(uri)
+    first = plan.configurations[0][1]
+    what = f"{len(plan.configurations)} configurations of {plan.name}" if plan.grid else f"{plan.name}: {first.loss}"
+    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}, device {device}")
+    parent_id = open_parent(client, experiment_id, plan)
+    started: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            workdir = Path(tmp)
-            if grid:
-                client.log_dict(parent_id, {n: c.to_dict() for n, c in configurations}, "configurations.yaml")
-            else:
-                client.log_artifact(parent_id, str(tracking.write_yaml(workdir / f"{prefix}config.yaml", first.to_dict())))
-            for conf_name, config in configurations:
-                splits = splits_by_key[(config.dataset, config.image_size)]
-                if grid:
-                    print(f"\n[{len(outcomes) + 1}/{len(configurations)}] {conf_name}", flush=True)
-                results: list[dict[str, Any]] = []
-                for i in range(len(seeds)):
-                    seed_config = config.replace(seed=config.seed + i)
-                    tags = {
-                        **tracking.reproducibility_tags(),
-                        "kind": "final_seed",
-                        "seed": str(seed_config.seed),
-                        "mlflow.parentRunId": parent_id,
-                    }
-                    if args.study:
-                        tags["study_name"] = args.study
-                    if grid:
-                        tags["configuration"] = conf_name
-                    run_name = f"{conf_name}-seed{seed_config.seed}" if grid else f"final-{name}-seed{seed_config.seed}"
-                    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
-                        seed_runs.append(run.info.run_id)
-                        mlflow.log_params(seed_config.to_dict())
-                        first_seed = i == 0 and len(outcomes) == 0
-                        results.append(train_seed(seed_config, splits, device, args.num_workers, workdir, register if first_seed else None))
-                summary = summarize([r["test"] for r in results])
-                summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
-                outcomes[conf_name] = {"config": config, "results": results, "summary": summary}
-                if not grid:
-                    for key, value in summary.items():
-                        client.log_metric(parent_id, prefix + key, value)
-                    client.log_dict(parent_id, {"per_seed": results, "summary": summary}, f"{prefix}results.json")
-                else:
-                    client.log_dict(
-                        parent_id,
-                        {n: {"per_seed": o["results"], "summary": o["summary"]} for n, o in outcomes.items()},
-                        "results.json",
-                    )
+            outcomes = train_plan(client, plan, splits, Target(experiment_id, parent_id, device, args.num_workers, Path(tmp)), started)
     except BaseException as error:
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else tracking.first_error_line(str(error))
-        tracking.fail_orphans(client, seed_runs, reason)
-        if study_parent is None:
+        interrupted = isinstance(error, KeyboardInterrupt)
+        reason = "interrupted" if interrupted else tracking.first_error_line(str(error))
+        tracking.fail_orphans(client, started, reason)
+        if plan.parent_run_id is None:
             client.set_tag(parent_id, "failure_reason", reason)
-            client.set_terminated(parent_id, status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            client.set_terminated(parent_id, status="KILLED" if interrupted else "FAILED")
         raise
-    if study_parent is None:
+    if plan.parent_run_id is None:
         client.set_terminated(parent_id, status="FINISHED")
-    only = outcomes[configurations[0][0]]
+    only = outcomes[plan.configurations[0][0]]
     return {
-        "name": name,
+        "name": plan.name,
         "config": first,
         "uri": uri,
         "parent_run_id": parent_id,
         "outcomes": outcomes,
         "results": only["results"],
         "summary": only["summary"],
-        "registered": register,
+        "registered": plan.register,
     }
 
 
+def print_grid_summary(outcome: dict[str, Any]) -> None:
+    keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
+    print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s), mean +- std")
+    print(f"  {'configuration':<28}" + "".join(f"{k.removeprefix('test_'):>18}" for k in keys))
+    for conf_name, o in outcome["outcomes"].items():
+        cells = "".join(f"{o['summary'][k + '_mean']:>10.4f} +-{o['summary'][k + '_std']:.3f}" for k in keys)
+        print(f"  {conf_name:<28}{cells}")
+    print(f"\nparent run: {outcome['parent_run_id']}  (report: python -m study.report --study {outcome['name']})")
+    print(f"open the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+
+
 def print_summary(outcome: dict[str, Any]) -> None:
-    outcomes = outcome["outcomes"]
-    if len(outcomes) > 1:
-        keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
-        seeds = len(outcome["results"])
-        print(f"\n{outcome['name']}: test metrics over {seeds} seed(s), mean +- std")
-        print(f"  {'configuration':<28}" + "".join(f"{k.removeprefix('test_'):>18}" for k in keys))
-        for conf_name, o in outcomes.items():
-            cells = "".join(f"{o['summary'][k + '_mean']:>10.4f} +-{o['summary'][k + '_std']:.3f}" for k in keys)
-            print(f"  {conf_name:<28}{cells}")
-        print(f"\nparent run: {outcome['parent_run_id']}  (report: python -m study.report --study {outcome['name']})")
-        print(f"open the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+    if len(outcome["outcomes"]) > 1:
+        print_grid_summary(outcome)
         return
     summary = outcome["summary"]
     keys = [k.removesuffix("_mean") for k in summary if k.endswith("_mean") and k.startswith("test_")]

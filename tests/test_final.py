@@ -235,3 +235,44 @@ def test_cli_exit_status_is_2(tmp_path):
 def test_help_is_actionable():
     out = subprocess.run([sys.executable, "-m", "study.final", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "--seeds" in out.stdout and "--study" in out.stdout and "Examples" in out.stdout
+
+
+# -- the plan: the three modes resolved up front, checked cheaply ------------------------------------------------------
+
+
+def test_plan_of_a_config_file(tmp_path):
+    config = write_config(tmp_path / "tiny.yaml")
+    args = final.parse_args(["--config", str(config), "--seeds", "2", "--epochs", "1"])
+    plan = final.make_plan(args, "sqlite:///unused.db")
+    assert (plan.name, plan.run_name, plan.experiment, plan.source) == ("tiny", "final-tiny", "final", str(config))
+    assert [name for name, _ in plan.configurations] == ["tiny"] and plan.configurations[0][1].epochs == 1
+    assert not plan.grid and plan.prefix == "" and plan.parent_run_id is None and plan.register is None
+    assert plan.seed_values() == [0, 1] and plan.seed_run_name("tiny", 1) == "final-tiny-seed1"
+
+
+def test_plan_of_a_space_names_each_configuration():
+    plan = final.make_plan(final.parse_args(["--space", "paper_ablation", "--seeds", "3"]), "sqlite:///unused.db")
+    assert plan.grid and plan.name == plan.run_name == "paper_ablation" and plan.prefix == ""
+    assert [name for name, _ in plan.configurations] == ["SM", "LN", "BN", "HLN", "HBN"]
+    assert plan.source_of("HBN") == "paper_ablation (HBN)" and plan.seed_run_name("HBN", 2) == "HBN-seed2"
+
+
+def test_batch_check_names_the_configuration_without_building_a_model(tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built to check a batch composition")
+
+    monkeypatch.setattr(final, "build_model", no_model)
+    space = tmp_path / "g.yaml"
+    space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 1}, "grid": {"classes_per_batch": [8, 100]}}))
+    plan = final.make_plan(final.parse_args(["--space", str(space)]), "sqlite:///unused.db")
+    with pytest.raises(final.ConfigError, match=r"\(classes_per_batch=100\): classes_per_batch=100 is larger than the \d+ training"):
+        final.load_data(plan, None, download=False)
+    plan = final.make_plan(final.parse_args(["--config", str(write_config(tmp_path / "ok.yaml"))]), "sqlite:///unused.db")
+    assert list(final.load_data(plan, None, download=False)) == [("synthetic", 0)]  # loaded once, keyed by (dataset, image size)
+
+
+def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--device", "gpu7"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "--device gpu7" in err
+    assert all_runs(uri)[1] == []
