@@ -16,11 +16,13 @@ import math
 import re
 
 import mlflow
+import optuna
 import pytest
 import yaml
 
 from study import final, report
 from study.report import asha_rungs, paper_table, rung_rank_correlation
+from study.search import open_storage
 
 
 def all_runs(uri):
@@ -172,6 +174,64 @@ def test_report_unknown_or_malformed_study_exits_2(tmp_path, runs, capsys, name)
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("error:")
     assert not (tmp_path / "out" / "report.md").exists()
+
+
+# -- study.report of a study, from records written by hand ---------------------------------------------------------------
+
+STUDY_CURVES = {  # trial -> (val_recall_at_1 per epoch, final state, lr)
+    "trial_0": ([0.1, 0.5, 0.9], "COMPLETE", 0.01),
+    "trial_1": ([0.2, 0.4, 0.7], "COMPLETE", 0.02),
+    "trial_2": ([0.3, 0.6, 0.8], "COMPLETE", 0.03),
+    "trial_3": ([0.4, 0.3, 0.6], "COMPLETE", 0.04),
+    "trial_4": ([0.05], "PRUNED", 0.05),
+}
+
+
+def write_study_records(tmp_path, storage: str):
+    """A study's parent run and trial runs as study.launch leaves them, and its Optuna study; returns the tracking URI."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(experiment, run_name="hand", tags={"study_name": "hand", "kind": "study"}).info.run_id
+    params = {"metric": "val_recall_at_1", "mode": "max", "epochs": 3, "grace_period": 1, "reduction_factor": 3, "num_samples": 5}
+    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in {**params, "optuna_storage": storage}.items()])
+    client.log_metric(parent, "n_complete", 4)
+    client.set_terminated(parent, "FINISHED")
+    study = optuna.create_study(study_name="hand", direction="maximize", storage=open_storage(storage))
+    for name, (curve, state, lr) in STUDY_CURVES.items():
+        tags = {"mlflow.parentRunId": parent, "kind": "trial", "trial_id": name, "optuna_state": state}
+        run = client.create_run(experiment, run_name=name, tags=tags).info.run_id
+        client.log_param(run, "lr", lr)
+        for epoch, value in enumerate(curve, start=1):
+            client.log_metric(run, "val_recall_at_1", value, step=epoch)
+        client.set_terminated(run, "FINISHED")
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(0.001, 0.1)})
+        study.tell(trial, curve[-1] if state == "COMPLETE" else None, state=optuna.trial.TrialState[state])
+    return uri
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_report_of_a_study_from_hand_written_records(tmp_path, runs, stored):
+    uri = write_study_records(tmp_path, f"journal:{tmp_path / 'optuna.log'}")
+    if not stored:  # the Optuna storage has moved since the study ended
+        (tmp_path / "optuna.log").unlink()
+    out = tmp_path / "report"
+    assert report.main(["--study", "hand", "--tracking-uri", uri, "--out", str(out), "--no-log", "--top", "3"]) == 0
+    text = (out / "report.md").read_text()
+    sections = {part.split("\n")[0]: part for part in text.split("\n## ")[1:]}
+    top = [line.split("|")[1:4] for line in sections["Top trials by val_recall_at_1"].splitlines() if line.startswith("| trial_")]
+    assert [[c.strip() for c in row] for row in top] == [["trial_0", "0.9000", "3"], ["trial_2", "0.8000", "3"], ["trial_1", "0.7000", "3"]]
+    # rung 1 of grace 1, factor 3, 3 epochs: rho -0.8 by hand (see test_rung_rank_correlation_hand_computed); trial_4 excluded
+    rungs = [line for line in sections["Is early stopping trustworthy here?"].splitlines() if line.startswith("| 1 ")]
+    assert rungs == ["| 1 | -0.800 | 4 |"]
+    importances = sections["Parameter importances"]
+    if stored:
+        assert "| lr | 1.000 |" in importances and (out / "param_importances.png").is_file()
+    else:  # the storage is gone and the study ended with no plot: said in one line
+        assert "(parameter importances unavailable: " in importances
+    assert (out / "learning_curves.png").is_file() and "![learning curves](learning_curves.png)" in text
+    assert "(none yet: `python -m study.final --study hand`)" in text
+    assert not (out / "tmp").exists()
 
 
 # -- end to end: study.final --space, then study.report ----------------------------------------------------------------
