@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -82,24 +83,19 @@ def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys)
     assert parent.data.metrics["test_recall_at_1_mean"] == pytest.approx(np.mean(per_seed))
     assert parent.data.metrics["test_recall_at_1_std"] == pytest.approx(np.std(per_seed, ddof=1))
     assert {"config.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    resolved = yaml.safe_load(
-        open(
-            mlflow.artifacts.download_artifacts(
-                run_id=parent.info.run_id, artifact_path="config.yaml", dst_path=str(tmp_path / "dl"), tracking_uri=uri
-            )
-        )
-    )
+    resolved = yaml.safe_load(download(uri, parent.info.run_id, "config.yaml", tmp_path / "dl").read_text())
     assert resolved["embedding_dim"] == 16 and resolved["loss"] == "softmax"
+    results = json.loads(download(uri, parent.info.run_id, "results.json", tmp_path / "dl2").read_text())
+    assert_model_embeds_raw_images(uri, results["per_seed"][0]["model_uri"], tmp_path)
 
-    # the logged model, loaded in a fresh process, embeds raw uint8 images of any size
-    results = json.load(
-        open(
-            mlflow.artifacts.download_artifacts(
-                run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(tmp_path / "dl2"), tracking_uri=uri
-            )
-        )
-    )
-    model_uri = results["per_seed"][0]["model_uri"]
+
+def download(uri: str, run_id: str, name: str, dst: Path) -> Path:
+    """A run's artifact ``name``, downloaded into ``dst``."""
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=str(dst), tracking_uri=uri))
+
+
+def assert_model_embeds_raw_images(uri: str, model_uri: str, tmp_path: Path) -> None:
+    """The logged model, loaded in a fresh process, embeds raw uint8 images of any size."""
     images = omniglot_pngs(6)
     np.save(tmp_path / "images.npy", images)
     code = (

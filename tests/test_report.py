@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import mlflow
 import optuna
@@ -284,31 +285,24 @@ def test_final_space_then_report(tmp_path, runs, capsys):
     assert {r.data.params["normalization"] for r in by_conf["plain"]} == {"l2"}
 
     assert {"configurations.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    dst = tmp_path / "dl"
-    dst.mkdir()
-    results = json.loads(
-        open(
-            mlflow.artifacts.download_artifacts(
-                run_id=parent.info.run_id, artifact_path="results.json", dst_path=str(dst), tracking_uri=uri
-            )
-        ).read()
-    )
+    results = json.loads(parent_file(uri, parent, "results.json", tmp_path / "dl").read_text())
     assert sorted(results) == ["heated", "plain"]
     for conf, runs_ in by_conf.items():
         assert len(results[conf]["per_seed"]) == 2
         r1 = sorted(r.data.metrics["test_recall_at_1"] for r in runs_)
         assert sorted(s["test"]["test_recall_at_1"] for s in results[conf]["per_seed"]) == pytest.approx(r1)
         assert results[conf]["summary"]["test_recall_at_1_mean"] == pytest.approx(sum(r1) / 2)
-    configurations = yaml.safe_load(
-        open(
-            mlflow.artifacts.download_artifacts(
-                run_id=parent.info.run_id, artifact_path="configurations.yaml", dst_path=str(dst), tracking_uri=uri
-            )
-        )
-    )
+    configurations = yaml.safe_load(parent_file(uri, parent, "configurations.yaml", tmp_path / "dl").read_text())
     assert configurations["heated"]["heating"] == "two_stage" and configurations["plain"]["normalization"] == "l2"
+    assert_grid_report(client, uri, parent, by_conf, tmp_path / "report")
 
-    out = tmp_path / "report"
+
+def parent_file(uri: str, parent, name: str, dst: Path) -> Path:
+    return Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path=name, dst_path=str(dst), tracking_uri=uri))
+
+
+def assert_grid_report(client, uri: str, parent, by_conf: dict[str, list], out: Path) -> None:
+    """study.report of the grid: the papers' table against the seed runs' metrics in MLflow, every plot written and logged."""
     assert report.main(["--study", "tiny_grid", "--tracking-uri", uri, "--out", str(out)]) == 0
     text = (out / "report.md").read_text()
     header = next(line for line in text.splitlines() if line.startswith("| metric"))
