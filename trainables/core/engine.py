@@ -36,9 +36,10 @@ from .data import (
     split_classes,
     train_transform,
 )
-from .losses import HeatedSoftmaxLoss, build_loss
+from .losses import build_loss
 from .metrics import evaluate_embeddings, one_shot_error
 from .models import EmbeddingNet
+from .optimizers import build_optimizer
 from .sampler import ClassBatchSampler
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def train_one_epoch(
     model.train()
     loss_fn.train()
     total = count = 0.0
-    accuracy = proxy = 0.0
+    sums: dict[str, float] = {}  # the loss's per-batch stats (batch means), weighted by batch size
     data_time = compute_time = 0.0
     tick = time.perf_counter()
     for step, (images, labels) in enumerate(loader):
@@ -102,19 +103,12 @@ def train_one_epoch(
         n = len(labels)
         total += float(loss.detach()) * n
         count += n
-        accuracy += loss_fn.stats["accuracy"] * n
-        proxy += loss_fn.stats.get("mean_proxy_norm", 0.0) * n
+        for key, value in loss_fn.stats.items():
+            sums[key] = sums.get(key, 0.0) + value * n
         tick = time.perf_counter()
         compute_time += tick - start
-    metrics = {
-        "train_loss": total / max(count, 1),
-        "train_accuracy": accuracy / max(count, 1),
-        "time_data_s": data_time,
-        "time_compute_s": compute_time,
-    }
-    if isinstance(loss_fn, HeatedSoftmaxLoss):
-        metrics["mean_proxy_norm"] = proxy / max(count, 1)
-    return metrics
+    means = {("train_accuracy" if key == "accuracy" else key): value / max(count, 1) for key, value in sums.items()}
+    return {"train_loss": total / max(count, 1), **means, "time_data_s": data_time, "time_compute_s": compute_time}
 
 
 @torch.no_grad()
@@ -269,12 +263,7 @@ def build_run(
     base = [p for p in model.parameters() if id(p) not in new_ids]
     new = [p for p in model.parameters() if id(p) in new_ids] + list(loss_fn.parameters())
     groups = schedule.param_groups(base, new, config)
-    if config.optimizer == "sgd":
-        optimizer = torch.optim.SGD(groups, momentum=config.momentum, weight_decay=config.weight_decay)
-    elif config.optimizer == "adam":
-        optimizer = torch.optim.Adam(groups, weight_decay=config.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
+    optimizer = build_optimizer(groups, config)
     sampler = ClassBatchSampler(train_set.labels, config.classes_per_batch, config.samples_per_class, seed=config.seed)
     return Run(
         config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes
@@ -286,8 +275,7 @@ OnEpoch = Callable[[int, dict[str, float], Run], None]
 
 def apply_schedule(run: Run, epoch: float) -> None:
     """Set alpha and the learning rates of ``run`` for (fractional) ``epoch`` of its budget (schedule.py)."""
-    if isinstance(run.loss_fn, HeatedSoftmaxLoss):
-        run.loss_fn.heat.fill_(schedule.alpha_at(run.config, epoch) / run.config.alpha)
+    run.loss_fn.set_alpha(schedule.alpha_at(run.config, epoch))
     schedule.set_lr(run.optimizer, schedule.lr_factor_at(run.config, epoch))
 
 
@@ -333,8 +321,7 @@ def fit(
 
         metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch, before_step=before_step)
         metrics["lr"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
-        if isinstance(run.loss_fn, HeatedSoftmaxLoss):
-            metrics["alpha"] = run.loss_fn.current_alpha
+        metrics.update(run.loss_fn.schedule_metrics())
         metrics["time_train_s"] = time.perf_counter() - started
         run.epoch = epoch + 1
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
