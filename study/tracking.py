@@ -20,14 +20,21 @@ import mlflow
 import yaml
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-# Bound how long one MLflow call may block (stock settings retry for minutes); a study keeps
-# records locally while the server is away instead of waiting for it.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-for _name in ("mlflow", "alembic"):  # their INFO lines (database migrations) are not for the user
-    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def configure_mlflow() -> None:
+    """How the study commands use MLflow; their ``main()`` calls this first (so does ``setup``).
+
+    Settings already in the environment win.
+    """
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Bound how long one MLflow call may block (stock settings retry for minutes); a study keeps
+    # records locally while the server is away instead of waiting for it.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) are not for the user
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class UsageError(ValueError):
@@ -36,6 +43,17 @@ class UsageError(ValueError):
 
 def runs_dir() -> Path:
     return Path(os.environ.get(RUNS_DIR_ENV, "runs")).expanduser().resolve()
+
+
+def resolve_data_root(flag: str | None) -> str | None:
+    """The data root as an absolute path: ``--data-root``, else ``$DML_DATA_ROOT``, else None.
+
+    Absolute because Tune runs each trial in its own working directory.
+    """
+    from trainables.core.data import DATA_ROOT_ENV  # here, not at the top: it imports torch
+
+    value = flag or os.environ.get(DATA_ROOT_ENV)
+    return str(Path(value).expanduser().resolve()) if value else None
 
 
 def resolve_tracking_uri(flag: str | None) -> str:
@@ -75,6 +93,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 
 def setup(uri: str, experiment: str) -> str:
     """Point MLflow at ``uri`` and make sure ``experiment`` exists; returns its id."""
+    configure_mlflow()
     if is_local_sqlite(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
