@@ -18,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -25,13 +26,15 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import optuna
 
-from study import tracking
+from study import records, tracking
 from study.spaces import Space, SpaceError, load_space, parse_space
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -44,7 +47,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+# ----------------------------------------------------------------------------- the command line
+def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     parser = argparse.ArgumentParser(
         prog="python -m study.launch", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,6 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     a("--seed", type=int, default=0, help="seed of the sampler (trials keep their config's seed)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, each flag checked on its own (what needs the space or the dataset is checked in ``study_settings``)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     def bad(flag: str, value: Any, expected: str) -> None:
@@ -116,29 +126,118 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ----------------------------------------------------------------------------- validation
-def resumed_settings(args: argparse.Namespace) -> None:
-    """With --resume, the space and epochs default to those the study was started with (its MLflow parent's params)."""
+# ----------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class StudySettings:
+    """Everything a study runs with, resolved once from the command line (with --resume, from the study's parent run too)."""
+
+    name: str
+    space: Space  # with --dataset and --epochs applied
+    max_epochs: int  # every trial's full schedule, the ASHA max_t
+    num_samples: int
+    metric: str
+    mode: str
+    sampler: str
+    seed: int
+    grace_period: int
+    reduction_factor: float
+    max_concurrent: int
+    cpus_per_trial: float
+    gpus_per_trial: float
+    max_failures: int
+    data_root: str | None  # absolute: Tune runs each trial in its own working directory
+    fit_classes: int
+    address: str | None
+    storage_path: str
+    optuna_storage: str
+    tracking_uri: str
+    experiment: str
+    resume: bool
+
+    @property
+    def experiment_dir(self) -> str:
+        """The Tune experiment's folder (or URI) under --storage-path."""
+        return os.path.join(self.storage_path, self.name)
+
+    def parent_params(self) -> dict[str, Any]:
+        """What the study's MLflow parent run records; --resume reads ``space`` and ``epochs`` back."""
+        return {
+            "space": self.space.path,
+            "grace_period": self.grace_period,
+            "reduction_factor": self.reduction_factor,
+            "max_concurrent": self.max_concurrent,
+            "cpus_per_trial": self.cpus_per_trial,
+            "gpus_per_trial": self.gpus_per_trial,
+            "seed": self.seed,
+            "sampler": "grid" if self.space.is_grid else self.sampler,
+            "metric": self.metric,
+            "mode": self.mode,
+            "num_samples": self.num_samples,
+            "epochs": self.max_epochs,
+            "optuna_storage": self.optuna_storage,
+            "storage_path": self.storage_path,
+            "fit_classes": self.fit_classes,
+            **{f"fixed.{k}": v for k, v in self.space.fixed.items()},
+        }
+
+
+# flags that StudySettings takes as they are
+PLAIN_FLAGS = (
+    "metric",
+    "sampler",
+    "seed",
+    "grace_period",
+    "reduction_factor",
+    "max_concurrent",
+    "cpus_per_trial",
+    "gpus_per_trial",
+    "max_failures",
+    "address",
+    "experiment",
+    "resume",
+)
+
+
+def study_settings(args: argparse.Namespace) -> StudySettings:
+    """Resolve and check the command line once: MLflow reachable, the space, the dataset, the storage paths."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     tracking.check_reachable(uri)
-    client = mlflow.MlflowClient(uri)
-    experiment = client.get_experiment_by_name(args.experiment)
-    parent = tracking.find_study_run(client, experiment.experiment_id, args.study_name) if experiment else None
-    if parent is None:
-        raise UsageError(
-            f"--resume: no study {args.study_name!r} in MLflow experiment {args.experiment!r} at {uri}; "
-            "expected the --study-name of an interrupted study"
-        )
-    params = parent.data.params
-    args.space = args.space or params.get("space")
-    if args.epochs is None and "epochs" in params:
-        args.epochs = int(params["epochs"])
+    resumed = records.resumed_params(uri, args.experiment, args.study_name) if args.resume else {}
+    space = prepare_space(args, resumed)
+    max_epochs = base_config(space).epochs
+    if args.grace_period > max_epochs:
+        raise UsageError(f"--grace-period {args.grace_period}: larger than the {max_epochs} epochs per trial; expected <= {max_epochs}")
+    data_root = tracking.resolve_data_root(args.data_root)
+    fit_classes = check_dataset(space, data_root)
+    name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs = tracking.runs_dir()
+    storage_path = check_storage(args.storage_path or str(runs / "ray"))
+    if args.resume and "://" not in storage_path and not Path(storage_path, name).is_dir():
+        raise UsageError(f"--resume: no study {name!r} under {storage_path}; expected the --study-name of an interrupted study")
+    return StudySettings(
+        name=name,
+        space=space,
+        max_epochs=max_epochs,
+        num_samples=args.num_samples or (space.grid_size() if space.is_grid else 16),
+        mode=METRICS[args.metric],
+        data_root=data_root,
+        fit_classes=fit_classes,
+        storage_path=storage_path,
+        optuna_storage=args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}",
+        tracking_uri=uri,
+        **{flag: getattr(args, flag) for flag in PLAIN_FLAGS},
+    )
 
 
-def prepare_space(args: argparse.Namespace) -> Space:
-    """The space with --dataset / --epochs applied, validated as a whole."""
-    space = load_space(args.space)
-    overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", args.epochs)) if v is not None}
+def prepare_space(args: argparse.Namespace, resumed: dict[str, str] | None = None) -> Space:
+    """The space of --space with --dataset / --epochs applied, validated as a whole.
+
+    ``resumed``, the parent run's params of a resumed study, gives the space and epochs the command line leaves out.
+    """
+    resumed = resumed or {}
+    space = load_space(args.space or resumed.get("space") or "default")
+    epochs = args.epochs if args.epochs is not None else (int(resumed["epochs"]) if "epochs" in resumed else None)
+    overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", epochs)) if v is not None}
     if not overrides:
         return space
     searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
@@ -150,6 +249,7 @@ def prepare_space(args: argparse.Namespace) -> Space:
     return parse_space(data, space.path)
 
 
+# ----------------------------------------------------------------------------- checks
 def base_config(space: Space) -> TrainConfig:
     """The config of the space's fixed values (first variant for a variants space): dataset, epochs, ..."""
     first = {"variant": next(iter(space.variants))} if space.variants else {}
@@ -191,12 +291,6 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     return len(fit_classes)
 
 
-def absolute_data_root(flag: str | None) -> str | None:
-    """The data root as an absolute path: Tune runs each trial in its own working directory."""
-    value = flag or os.environ.get(DATA_ROOT_ENV)
-    return str(Path(value).expanduser().resolve()) if value else None
-
-
 def check_storage(path: str) -> str:
     """A local storage path must be a writable folder; URIs (s3://, gs://) are left to Ray."""
     if "://" in path:
@@ -214,312 +308,161 @@ def check_storage(path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the study
-def open_optuna(args, storage_url: str, study_name: str, mode: str) -> optuna.Study:
-    from study.search import open_storage
-
-    storage = open_storage(storage_url)
-    names = {s.study_name for s in optuna.study.get_all_study_summaries(storage)}
-    if args.resume:
-        if study_name not in names:
-            raise UsageError(f"--resume: no Optuna study {study_name!r} in {storage_url}; expected an existing study name")
-        return optuna.load_study(study_name=study_name, storage=storage)
-    if study_name in names:
-        raise UsageError(
-            f"--study-name {study_name}: a study of that name exists in {storage_url}; pass --resume to continue it or choose another name"
-        )
-    return optuna.create_study(study_name=study_name, storage=storage, direction="maximize" if mode == "max" else "minimize")
-
-
-def run_study(args: argparse.Namespace) -> dict[str, Any]:
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here."""
     import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search import ConcurrencyLimiter
 
-    from study.callbacks import MlflowTrials, Progress, TrialRecorder
-    from study.search import OptunaSearcher
-    from trainables.dml import train_dml
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if args.resume:
-        resumed_settings(args)
-    args.space = args.space or "default"
-    space = prepare_space(args)
-    max_epochs = base_config(space).epochs
-    metric, mode = args.metric, METRICS[args.metric]
-    if args.grace_period > max_epochs:
-        raise UsageError(f"--grace-period {args.grace_period}: larger than the {max_epochs} epochs per trial; expected <= {max_epochs}")
-    n_fit = check_dataset(space, args.data_root)
-    num_samples = args.num_samples or (space.grid_size() if space.is_grid else 16)
-    study_name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    runs = tracking.runs_dir()
-    storage_path = check_storage(args.storage_path or str(runs / "ray"))
-    optuna_url = args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}"
-    if optuna_url.startswith("journal:"):
-        Path(optuna_url.removeprefix("journal:")).parent.mkdir(parents=True, exist_ok=True)
-    experiment_dir = os.path.join(storage_path, study_name)
-    if args.resume and "://" not in storage_path and not Path(experiment_dir).is_dir():
-        raise UsageError(f"--resume: no study {study_name!r} under {storage_path}; expected the --study-name of an interrupted study")
-
-    uri = tracking.resolve_tracking_uri(args.tracking_uri)
-    tracking.check_reachable(uri)
-    experiment_id = tracking.setup(uri, args.experiment)
-    client = mlflow.MlflowClient(uri)
-    parent = tracking.find_study_run(client, experiment_id, study_name)
-    if args.resume and parent is None:
-        raise UsageError(f"--resume: no MLflow parent run for study {study_name!r} in experiment {args.experiment!r} at {uri}")
-    if not args.resume and parent is not None:
-        raise UsageError(f"--study-name {study_name}: MLflow already has this study; pass --resume or choose another name")
-    # without --address always a fresh local Ray, never one that happens to run on this machine
     ray.init(
-        address=args.address or "local",
+        address=address or "local",
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.WARNING,
         ignore_reinit_error=True,
-        runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if args.address is None else None,
+        runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if address is None else None,
     )
     try:
-        if args.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
-            raise UsageError(f"--gpus-per-trial {args.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
-        # from here on the study exists: its Optuna study and MLflow parent run are created together
-        study = open_optuna(args, optuna_url, study_name, mode)
-        extra = {
-            "metric": metric,
-            "mode": mode,
-            "num_samples": num_samples,
-            "epochs": max_epochs,
-            "optuna_storage": optuna_url,
-            "storage_path": storage_path,
-            "fit_classes": n_fit,
-        }
-        try:
-            parent = parent or create_parent(client, experiment_id, study_name, space, args, extra)
-        except BaseException:
-            if not args.resume:  # no half-created study: the Optuna study goes with the parent run
-                optuna.delete_study(study_name=study_name, storage=study._storage)
-            raise
-    except BaseException:
-        ray.shutdown()
-        raise
-    if args.resume:
-        client.update_run(parent.info.run_id, status="RUNNING")
-    parent_id = parent.info.run_id
-    started = time.time()
-    try:
-        trainable = tune.with_resources(
-            tune.with_parameters(train_dml, data_root=absolute_data_root(args.data_root)),
-            {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial},
-        )
-        recorder = TrialRecorder(uri, experiment_id, parent_id, study_name, max_epochs, spool_path(study_name))
-        if args.resume:
-            recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
-            reconcile_before_resume(study, client, experiment_id, parent_id, experiment_dir)
-            tuner = tune.Tuner.restore(experiment_dir, trainable, resume_unfinished=True, resume_errored=False)
-        else:
-            searcher = OptunaSearcher(
-                space, optuna_url, study_name, metric=metric, mode=mode, max_epochs=max_epochs, seed=args.seed, sampler=args.sampler
-            )
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(
-                    metric=metric,
-                    mode=mode,
-                    num_samples=num_samples,
-                    search_alg=ConcurrencyLimiter(searcher, max_concurrent=args.max_concurrent),
-                    scheduler=ASHAScheduler(
-                        time_attr="training_iteration",
-                        max_t=max_epochs,
-                        grace_period=args.grace_period,
-                        reduction_factor=args.reduction_factor,
-                    ),
-                ),
-                run_config=tune.RunConfig(
-                    name=study_name,
-                    storage_path=storage_path,
-                    verbose=0,
-                    callbacks=[
-                        MlflowTrials(recorder),
-                        Progress(metric, mode, max_epochs, num_samples),
-                    ],
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                    failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                ),
-            )
-        print(
-            f"study {study_name}: {num_samples} trials of up to {max_epochs} epochs, space {space.path}, "
-            f"{metric} ({mode}), {args.max_concurrent} at once; Ray at {ray.get_runtime_context().gcs_address}",
-            flush=True,
-        )
-        tuner.fit()
-        summary = finish_study(study, recorder, metric, mode, time.time() - started)
-    except BaseException as error:
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else tracking.first_error_line(str(error)) or type(error).__name__
-        try:
-            ids = [r.info.run_id for r in tracking.child_runs(client, experiment_id, parent_id)]
-            tracking.fail_orphans(client, ids, f"study stopped: {reason}")
-            client.set_tag(parent_id, "failure_reason", reason)
-            client.set_terminated(parent_id, status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-        except Exception as mlflow_error:  # MLflow itself may be what failed
-            detail = tracking.first_error_line(str(mlflow_error))
-            print(f"warning: could not mark the study's MLflow runs as stopped ({detail})", file=sys.stderr)
-        raise
+        yield
     finally:
         if ray.is_initialized():
             ray.shutdown()
-    return {"study_name": study_name, "uri": uri, "parent_run_id": parent_id, "experiment": args.experiment, **summary}
 
 
-def create_parent(client, experiment_id: str, study_name: str, space: Space, args: argparse.Namespace, extra: dict[str, Any]):
-    """The study's MLflow parent run, with the study's settings as params and its space as an artifact."""
-    tags = {**tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space.path}
-    parent = client.create_run(experiment_id, run_name=study_name, tags=tags)
-    params = {
-        "space": space.path,
-        "grace_period": args.grace_period,
-        "reduction_factor": args.reduction_factor,
-        "max_concurrent": args.max_concurrent,
-        "cpus_per_trial": args.cpus_per_trial,
-        "gpus_per_trial": args.gpus_per_trial,
-        "seed": args.seed,
-        "sampler": "grid" if space.is_grid else args.sampler,
-        **extra,
-        **{f"fixed.{k}": v for k, v in space.fixed.items()},
-    }
-    client.log_batch(parent.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
-    client.log_artifact(parent.info.run_id, space.path)
-    return parent
+def open_optuna(settings: StudySettings, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """The study's Optuna study: created, or with --resume loaded."""
+    names = set(optuna.get_all_study_names(storage))
+    if settings.resume:
+        if settings.name not in names:
+            raise UsageError(f"--resume: no Optuna study {settings.name!r} in {settings.optuna_storage}; expected an existing study name")
+        return optuna.load_study(study_name=settings.name, storage=storage)
+    if settings.name in names:
+        raise UsageError(
+            f"--study-name {settings.name}: a study of that name exists in {settings.optuna_storage}; "
+            "pass --resume to continue it or choose another name"
+        )
+    return optuna.create_study(study_name=settings.name, storage=storage, direction="maximize" if settings.mode == "max" else "minimize")
 
 
-def reconcile_before_resume(study: optuna.Study, client, experiment_id: str, parent_id: str, experiment_dir: str) -> None:
-    """Before a resume: Optuna trials left RUNNING with no Tune trial to continue them are marked FAIL."""
-    known = set()
-    for path in Path(experiment_dir).glob("searcher-state-*.pkl"):
-        try:
-            import json
+def open_study(settings: StudySettings, client, experiment_id: str, parent_id: str | None) -> tuple[optuna.Study, str]:
+    """The Optuna study and the MLflow parent run, created together (with --resume: found); returns the parent's run id."""
+    import ray
 
-            known |= set(json.loads(path.read_text()).get("numbers", {}).values())
-        except (OSError, ValueError):
-            continue
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if trial.number not in known:
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    from study.search import open_storage
 
-
-def spool_path(study_name: str) -> str:
-    return str(tracking.runs_dir() / "spool" / f"{study_name}.jsonl")
-
-
-def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, Any]:
-    """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth)."""
-    trials = study.get_trials(deepcopy=False)
-    counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
-    best = None
-    if complete:
-        best = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
-    metrics = {
-        "n_trials": len(trials),
-        "n_complete": counts["COMPLETE"],
-        "n_pruned": counts["PRUNED"],
-        "n_failed": counts["FAIL"],
-        "wall_time_s": wall_s,
-        "epochs_spent": float(sum(len(t.intermediate_values) for t in trials)),
-    }
-    return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
-
-
-def finish_study(study: optuna.Study, recorder, metric: str, mode: str, wall_s: float) -> dict[str, Any]:
-    """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
-
-    When MLflow cannot be reached, nothing is lost: the trial records stay in the spool and the Optuna
-    storage holds the rest; ``python -m study.sync --study NAME`` writes them later.
-    """
-    # the study is over: a trial still RUNNING was orphaned by a killed driver and never continued
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-    summary = summarize_study(study, mode, wall_s)
-    summary["mlflow_synced"] = False
+    if settings.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
+        raise UsageError(f"--gpus-per-trial {settings.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
+    if settings.optuna_storage.startswith("journal:"):
+        Path(settings.optuna_storage.removeprefix("journal:")).parent.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(settings.optuna_storage)
+    study = open_optuna(settings, storage)
+    if parent_id is not None:
+        client.update_run(parent_id, status="RUNNING")
+        return study, parent_id
     try:
-        if not recorder.flush(force=True):
-            raise ConnectionError("the kept trial records could not be written")
-        write_study_records(study, recorder, metric, summary)
-        summary["mlflow_synced"] = True
-    except Exception as error:  # any MLflow failure: report, keep, and let the user sync
-        summary["mlflow_error"] = tracking.first_error_line(str(error)) or type(error).__name__
-    summary["outages"] = sum(e["event"] == "unreachable" for e in recorder.events())
-    return summary
+        return study, records.create_parent_run(client, experiment_id, settings.name, settings.space.path, settings.parent_params())
+    except BaseException:
+        optuna.delete_study(study_name=settings.name, storage=storage)  # no half-created study
+        raise
 
 
-def write_study_records(study: optuna.Study, recorder, metric: str, summary: dict[str, Any]) -> None:
-    from study.report import study_artifacts
+def trainable(settings: StudySettings):
+    """The trainable with its runtime settings and resources."""
+    from ray import tune
 
-    client, parent_id = recorder.client, recorder.parent_run_id
-    children = {r.data.tags.get("trial_id"): r for r in tracking.child_runs(client, recorder.experiment_id, parent_id)}
-    for t in study.get_trials(deepcopy=False):
-        run = children.get(t.user_attrs.get("tune_trial_id"))
-        if run is not None:
-            client.set_tag(run.info.run_id, "optuna_trial_number", str(t.number))
-            client.set_tag(run.info.run_id, "optuna_state", t.state.name)
-    orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
-    tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
-    best = summary["best"]
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in study_artifacts(study, children, Path(tmp), metric, best):
-            client.log_artifact(parent_id, str(path))
-    metrics = dict(summary["metrics"])
-    if best is not None:
-        metrics[f"best_{metric}"] = float(best.value)
-        client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
-    for key, value in metrics.items():
-        client.log_metric(parent_id, key, float(value))
-    client.set_terminated(parent_id, status="FINISHED")
+    from trainables.dml import train_dml
 
-
-def print_summary(outcome: dict[str, Any], metric: str) -> None:
-    m = outcome["metrics"]
-    if outcome.get("outages"):
-        print(
-            f"\nMLflow was unreachable {outcome['outages']} time(s) during the study; training went on"
-            + ("; the records kept meanwhile were written when it returned." if outcome.get("mlflow_synced", True) else ".")
-        )
-    if not outcome.get("mlflow_synced", True):
-        print(
-            f"\nwarning: MLflow at {outcome['uri']} could not be written at the end ({outcome.get('mlflow_error')}). Nothing is lost: "
-            f"trial records are kept in {spool_path(outcome['study_name'])} and the trials in the Optuna storage.\n"
-            f"write them when MLflow is back:  python -m study.sync --study {outcome['study_name']} --experiment {outcome['experiment']}"
-            + (f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else "")
-        )
-    print(
-        f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
-        f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
+    return tune.with_resources(
+        tune.with_parameters(train_dml, data_root=settings.data_root), {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial}
     )
-    best = outcome["best"]
-    if best is None:
-        print("no trial completed; nothing to retrain")
-    else:
-        print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
-        for key, value in sorted((outcome["best_config"] or {}).items()):
-            print(f"  {key}: {value}")
-        print(
-            f"\nretrain it and test it:  python -m study.final --study {outcome['study_name']} --experiment {outcome['experiment']}"
-            + (f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else "")
-        )
-    print(f"open the MLflow UI:       {tracking.ui_command(outcome['uri'])}")
+
+
+def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
+    """A Tuner of the study: the Optuna searcher (at most --max-concurrent trials at once), ASHA, the MLflow and progress callbacks."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import ConcurrencyLimiter
+
+    from study.callbacks import MlflowTrials, Progress
+    from study.search import OptunaSearcher
+
+    s = settings
+    searcher = OptunaSearcher(
+        s.space, s.optuna_storage, s.name, metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler
+    )
+    scheduler = ASHAScheduler(
+        time_attr="training_iteration", max_t=s.max_epochs, grace_period=s.grace_period, reduction_factor=s.reduction_factor
+    )
+    return tune.Tuner(
+        trainable(s),
+        tune_config=tune.TuneConfig(
+            metric=s.metric,
+            mode=s.mode,
+            num_samples=s.num_samples,
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent),
+            scheduler=scheduler,
+        ),
+        run_config=tune.RunConfig(
+            name=s.name,
+            storage_path=s.storage_path,
+            verbose=0,
+            callbacks=[MlflowTrials(recorder, s.metric, s.max_epochs), Progress(s.metric, s.mode, s.max_epochs, s.num_samples)],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures),
+        ),
+    )
+
+
+def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder):
+    """The interrupted study's Tuner, after the records it kept are written and its orphaned Optuna trials are FAIL."""
+    from ray import tune
+
+    recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
+    records.reconcile_before_resume(study, settings.experiment_dir)
+    return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
+
+
+def run_study(settings: StudySettings) -> dict[str, Any]:
+    """Run the study to its end; returns what ``records.print_summary`` prints.
+
+    Whatever stops it early leaves its MLflow runs marked stopped (``records.stopped_on_failure``) and no Ray running.
+    """
+    import ray
+
+    s = settings
+    experiment_id = tracking.setup(s.tracking_uri, s.experiment)
+    client = mlflow.MlflowClient(s.tracking_uri)
+    parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
+    with ray_session(s.address):
+        study, parent_id = open_study(s, client, experiment_id, parent_id)
+        started = time.time()
+        with records.stopped_on_failure(client, experiment_id, parent_id):
+            recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
+            tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
+            print(
+                f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
+                f"{s.metric} ({s.mode}), {s.max_concurrent} at once; Ray at {ray.get_runtime_context().gcs_address}",
+                flush=True,
+            )
+            tuner.fit()
+            summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started)
+    return {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment, **summary}
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    tracking.configure_mlflow()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     args = parse_args(argv)
     try:
-        outcome = run_study(args)
+        settings = study_settings(args)
+        outcome = run_study(settings)
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; continue with --resume --study-name NAME", file=sys.stderr)
         return 130
-    print_summary(outcome, args.metric)
+    records.print_summary(outcome, settings.metric)
     return 0
 
 

@@ -3,41 +3,50 @@
 Ray's stock ``OptunaSearch`` tells Optuna that a trial ASHA stopped early is
 COMPLETE, with its truncated score, which misleads TPE (a 2-epoch score looks
 like a final one). This searcher reports every epoch's metric as an Optuna
-intermediate value and, when a trial ends before ``max_epochs`` without an
-error, tells it as PRUNED; trials that ran every epoch are COMPLETE with their
-last value, errored or non-finite ones FAIL.
+intermediate value and tells each trial's end as ``study.outcome.trial_outcome``
+says: COMPLETE with its last value when it ran its full schedule, PRUNED when
+ASHA stopped it, FAIL when it errored or its metric is missing or not finite.
+
+Only Optuna's public API is used: the searcher keeps the ``optuna.Trial``
+objects that ``study.ask()`` returned, keyed by Tune trial id, and reports and
+tells through them. Optuna has no public way to get a ``Trial`` back for a
+trial that is already RUNNING, so the searcher's saved state (``save`` /
+``restore``, what Ray Tune keeps for a resumed study) carries those objects
+pickled, as Ray's own ``OptunaSearch`` does; Optuna's studies and storages
+pickle for this, and a journal or RDB storage reconnects when loaded.
 
 The Optuna study lives in a persistent storage (a journal file by default,
 which optuna-dashboard opens), so a resumed study continues the same sampler
-history. The searcher pickles without its storage handle, as Ray Tune needs.
+history.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
+import pickle
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
+from study.outcome import COMPLETE, FAIL, PRUNED, is_finite_number, trial_outcome
 from study.spaces import Space
 
 log = logging.getLogger(__name__)
+SAMPLERS = ("tpe", "random")
+STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """``journal:PATH`` for a journal file (safe with concurrent writers), else an RDB URL."""
-    if url.startswith("journal:"):
+def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
+    """``journal:PATH`` for a journal file (safe with concurrent writers), else an RDB URL; a storage object as it is."""
+    if isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    if storage.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return optuna.storages.RDBStorage(url)
-
-
-SAMPLERS = ("tpe", "random")
+        return optuna.storages.JournalStorage(JournalFileBackend(storage.removeprefix("journal:")))
+    return optuna.storages.RDBStorage(storage)
 
 
 def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
@@ -52,12 +61,15 @@ def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.
 
 
 class OptunaSearcher(Searcher):
-    """Suggests configs from an Optuna study over ``space``; see the module docstring."""
+    """Suggests configs from the Optuna study ``study_name`` over ``space``; see the module docstring.
+
+    ``storage`` is an Optuna storage URL as ``open_storage`` reads it, or a storage object.
+    """
 
     def __init__(
         self,
         space: Space,
-        storage_url: str,
+        storage: str | optuna.storages.BaseStorage,
         study_name: str,
         *,
         metric: str,
@@ -68,29 +80,24 @@ class OptunaSearcher(Searcher):
         overrides: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(metric=metric, mode=mode)
-        self.space, self.storage_url, self.study_name = space, storage_url, study_name
+        self.space, self.storage, self.study_name = space, storage, study_name
         self.max_epochs, self.seed, self.overrides = max_epochs, seed, dict(overrides or {})
         self.sampler = sampler
-        self.numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number
+        self.numbers: dict[str, int] = {}  # every Tune trial id asked for -> its Optuna trial number
+        self._live: dict[str, optuna.Trial] = {}  # the trials not told yet, as study.ask() returned them
+        self._reported: dict[str, set[int]] = {}  # steps already stored, per live trial
         self._study: optuna.Study | None = None
 
-    # -- the Optuna study, opened lazily (not pickled) ----------------------------
     @property
     def study(self) -> optuna.Study:
+        """The Optuna study, opened on first use (a searcher pickles without it)."""
         if self._study is None:
             sampler = make_sampler(self.space, self.seed, self.sampler)
-            self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage_url), sampler=sampler)
+            self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage), sampler=sampler)
         return self._study
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_study": None}
-
-    def _frozen(self, trial_id: str) -> optuna.trial.FrozenTrial:
-        storage = self.study._storage
-        return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(self.study._study_id, self.numbers[trial_id]))
-
-    def _trial(self, trial_id: str) -> optuna.Trial:
-        return optuna.Trial(self.study, self._frozen(trial_id)._trial_id)
 
     # -- Searcher interface -------------------------------------------------------
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
@@ -98,48 +105,47 @@ class OptunaSearcher(Searcher):
             return Searcher.FINISHED
         trial = self.study.ask()
         trial.set_user_attr("tune_trial_id", trial_id)
-        suggested = self.space.suggest(trial)
-        config = self.space.to_config(suggested, self.overrides)
+        config = self.space.to_config(self.space.suggest(trial), self.overrides)
         trial.set_user_attr("config", config)
         self.numbers[trial_id] = trial.number
+        self._live[trial_id] = trial
+        self._reported[trial_id] = set()
         return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        value = result.get(self.metric)
-        step = result.get("training_iteration")
-        if trial_id not in self.numbers or step is None or value is None or not math.isfinite(value):
+        """The epoch's metric as the trial's intermediate value at step ``training_iteration``, once per step."""
+        trial, value, step = self._live.get(trial_id), result.get(self.metric), result.get("training_iteration")
+        if trial is None or step is None or not is_finite_number(value) or step in self._reported[trial_id]:
             return
-        frozen = self._frozen(trial_id)
-        if not frozen.state.is_finished() and step not in frozen.intermediate_values:
-            self._trial(trial_id).report(float(value), int(step))
+        trial.report(float(value), int(step))
+        self._reported[trial_id].add(int(step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if trial_id not in self.numbers:
-            return
-        if self._frozen(trial_id).state.is_finished():
-            return
+        if trial_id not in self._live:
+            return  # not ours, or told already
         if result:
             self.on_trial_result(trial_id, result)  # Tune hands the last result only to on_trial_complete
-        number = self.numbers[trial_id]
-        value = (result or {}).get(self.metric)
-        epochs = (result or {}).get("training_iteration", 0)
+        trial = self._live.pop(trial_id)
+        self._reported.pop(trial_id)
+        state = trial_outcome(result, error=error, metric=self.metric, max_epochs=self.max_epochs)
+        value = float(result[self.metric]) if state == COMPLETE else None
         try:
-            if error or value is None or not math.isfinite(value):
-                self.study.tell(number, state=TrialState.FAIL)
-            elif epochs < self.max_epochs:
-                self.study.tell(number, state=TrialState.PRUNED)
-            else:
-                self.study.tell(number, float(value))
+            self.study.tell(trial, value, state=STATES[state], skip_if_finished=True)
         except RuntimeError as stop:
             # GridSampler asks to stop the study once every grid point is told; the trial is stored by then
             if "Study.stop" not in str(stop):
                 raise
 
+    # -- the searcher's own state, for a resumed study ---------------------------------
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "w") as f:
-            json.dump({"numbers": self.numbers}, f)
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"numbers": self.numbers, "live": self._live}, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path) as f:
-            state = json.load(f)
+        """Back to the saved trials; what happened since (a trial told, a step reported) is read from the storage."""
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
         self.numbers = state["numbers"]
+        stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        self._live = {tid: trial for tid, trial in state["live"].items() if not stored[trial.number].state.is_finished()}
+        self._reported = {tid: set(stored[trial.number].intermediate_values) for tid, trial in self._live.items()}

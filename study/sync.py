@@ -19,7 +19,8 @@ import sys
 import mlflow
 import optuna
 
-from study import tracking
+from study import records, tracking
+from study.search import open_storage
 from study.tracking import UsageError
 
 
@@ -32,26 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="dml-studies", help="MLflow experiment of the study (default dml-studies)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./runs/mlflow.db)")
     args = parser.parse_args(argv)
-    from study.callbacks import TrialRecorder
-    from study.launch import finish_study, print_summary, spool_path
-    from study.search import open_storage
-
+    tracking.configure_mlflow()
     try:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_reachable(uri)
         experiment_id = tracking.setup(uri, args.experiment)
-        client = mlflow.MlflowClient(uri)
-        parent = tracking.find_study_run(client, experiment_id, args.study)
+        parent = tracking.find_study_run(mlflow.MlflowClient(uri), experiment_id, args.study)
         if parent is None:
             raise UsageError(f"--study {args.study}: no such study in experiment {args.experiment!r} at {uri}")
         params = parent.data.params
         study = optuna.load_study(study_name=args.study, storage=open_storage(params["optuna_storage"]))
-        recorder = TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, int(params["epochs"]), spool_path(args.study))
-        summary = finish_study(study, recorder, params["metric"], params["mode"], float(parent.data.metrics.get("wall_time_s", 0.0)))
+        recorder = records.TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, records.spool_path(args.study))
+        wall_s = float(parent.data.metrics.get("wall_time_s", 0.0))
+        summary = records.finish_study(study, recorder, params["metric"], params["mode"], wall_s)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print_summary({"study_name": args.study, "uri": uri, "experiment": args.experiment, **summary}, params["metric"])
+    records.print_summary({"study_name": args.study, "uri": uri, "experiment": args.experiment, **summary}, params["metric"])
     return 0 if summary["mlflow_synced"] else 1
 
 

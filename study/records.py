@@ -1,0 +1,372 @@
+"""What a study writes about itself, and reads back: its MLflow parent run, trial records, end-of-study records.
+
+- The parent run (one per study, tags ``kind=study`` and ``study_name``) holds the study's settings as
+  params; with ``--resume`` they are read back from it.
+- The trial records: one child run per Tune trial, written by the driver only (``TrialRecorder``).
+  While MLflow is unreachable they wait in a spool file (``<runs dir>/spool/NAME.jsonl``) and are
+  written when it returns, by the next event, at the end of the study, by a resumed study or by
+  ``python -m study.sync``.
+- The end of a study (``finish_study``): Optuna trials still RUNNING are FAIL, the child runs get
+  their Optuna state, and the parent gets best_config.yaml, the trials table, plots and summary metrics.
+- A failed or interrupted study (``stopped_on_failure``): its runs still RUNNING are marked stopped.
+- Before a resume (``reconcile_before_resume``): Optuna trials no restored Tune trial will continue are FAIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import optuna
+from mlflow.entities import Metric, Param, RunTag
+from optuna.trial import TrialState
+
+from study import tracking
+from study.tracking import UsageError, child_runs, first_error_line
+
+
+def spool_path(study_name: str) -> str:
+    """Where the trial records of ``study_name`` wait while MLflow is unreachable."""
+    return str(tracking.runs_dir() / "spool" / f"{study_name}.jsonl")
+
+
+# ----------------------------------------------------------------------------- the parent run
+def resumed_params(uri: str, experiment: str, study_name: str) -> dict[str, str]:
+    """The params of an existing study's parent run (what ``--resume`` continues with)."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    parent = tracking.find_study_run(client, found.experiment_id, study_name) if found else None
+    if parent is None:
+        raise UsageError(
+            f"--resume: no study {study_name!r} in MLflow experiment {experiment!r} at {uri}; "
+            "expected the --study-name of an interrupted study"
+        )
+    return dict(parent.data.params)
+
+
+def existing_parent(client, experiment_id: str, study_name: str, *, resume: bool, experiment: str) -> str | None:
+    """The run id of the study's parent run: a resumed study must have one, a new one must not (then None)."""
+    parent = tracking.find_study_run(client, experiment_id, study_name)
+    if resume and parent is None:
+        raise UsageError(f"--resume: no MLflow parent run for study {study_name!r} in experiment {experiment!r} at {client.tracking_uri}")
+    if not resume and parent is not None:
+        raise UsageError(f"--study-name {study_name}: MLflow already has this study; pass --resume or choose another name")
+    return parent.info.run_id if parent is not None else None
+
+
+def create_parent_run(client, experiment_id: str, study_name: str, space_path: str, params: dict[str, Any]) -> str:
+    """The study's MLflow parent run, with ``params`` and the space file as an artifact; returns its run id."""
+    tags = {**tracking.reproducibility_tags(), "kind": "study", "study_name": study_name, "space": space_path}
+    run_id = client.create_run(experiment_id, run_name=study_name, tags=tags).info.run_id
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+    client.log_artifact(run_id, space_path)
+    return run_id
+
+
+@contextlib.contextmanager
+def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[None]:
+    """Runs the body; when it raises, the study's runs still RUNNING are marked stopped with the reason, and it re-raises."""
+    try:
+        yield
+    except BaseException as error:
+        interrupted = isinstance(error, KeyboardInterrupt)
+        reason = "interrupted" if interrupted else first_error_line(str(error)) or type(error).__name__
+        try:
+            ids = [r.info.run_id for r in child_runs(client, experiment_id, parent_id)]
+            tracking.fail_orphans(client, ids, f"study stopped: {reason}")
+            client.set_tag(parent_id, "failure_reason", reason)
+            client.set_terminated(parent_id, status="KILLED" if interrupted else "FAILED")
+        except Exception as mlflow_error:  # MLflow itself may be what failed
+            print(f"warning: could not mark the study's MLflow runs as stopped ({first_error_line(str(mlflow_error))})", file=sys.stderr)
+        raise
+
+
+# ----------------------------------------------------------------------------- trial records
+class TrialRecorder:
+    """Writes trial events to MLflow as child runs of a study, keeping them locally while MLflow is away.
+
+    Every event is an operation ({"op": "start" | "result" | "complete" | "error", "trial_id": ...}) applied
+    in order. When MLflow cannot be reached, operations queue up in the spool file (JSON lines) and are
+    applied when it returns. Applying is idempotent: a run is found by its trial_id tag before one is
+    created, and an epoch already logged is skipped. ``connect(tracking_uri)`` makes the MLflow client.
+    """
+
+    retry_every_s = 15.0
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_id: str,
+        parent_run_id: str,
+        study_name: str,
+        spool: str,
+        connect: Callable[[str], Any] = mlflow.MlflowClient,
+    ) -> None:
+        self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
+        self.study_name, self.spool, self.connect = study_name, spool, connect
+        self._client: Any = None
+        self.run_ids: dict[str, str] = {}
+        self.logged_step: dict[str, int] = {}
+        self.pending: list[dict[str, Any]] | None = None
+        self.offline_since: float | None = None
+        self.last_attempt = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "pending": None, "run_ids": {}, "logged_step": {}}
+
+    # -- the queue --------------------------------------------------------------
+    def _load(self) -> list[dict[str, Any]]:
+        if self.pending is None:
+            self.pending = []
+            if os.path.exists(self.spool):
+                with open(self.spool) as f:
+                    self.pending = [json.loads(line) for line in f if line.strip()]
+        return self.pending
+
+    def _persist(self) -> None:
+        pending = self._load()
+        if not pending:
+            if os.path.exists(self.spool):
+                os.remove(self.spool)
+            return
+        os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+        tmp = f"{self.spool}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(op) + "\n" for op in pending)
+        os.replace(tmp, self.spool)
+
+    def submit(self, op: dict[str, Any]) -> None:
+        self._load().append(op)
+        self.flush()
+
+    def flush(self, force: bool = False) -> bool:
+        """Apply queued operations in order; True when nothing is left queued."""
+        pending = self._load()
+        if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
+            self._persist()
+            return False
+        self.last_attempt = time.time()
+        while pending:
+            try:
+                self._apply(pending[0])
+            except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
+                self._went_offline(error)
+                self._persist()
+                return False
+            pending.pop(0)
+        self._came_back()
+        self._persist()
+        return True
+
+    def _went_offline(self, error: Exception) -> None:
+        self._client = None
+        if self.offline_since is not None:
+            return
+        self.offline_since = time.time()
+        self._event("unreachable", first_error_line(str(error))[:500])
+        print(
+            f"warning: MLflow at {self.tracking_uri} is unreachable ({first_error_line(str(error))[:200]}); "
+            f"training goes on and records are kept in {self.spool} until it returns",
+            flush=True,
+        )
+
+    def _came_back(self) -> None:
+        events = self.events()
+        if self.offline_since is None and not (events and events[-1]["event"] == "unreachable"):
+            return
+        since = self.offline_since or events[-1]["time"]
+        print(f"MLflow at {self.tracking_uri} is reachable again; the kept records are written", flush=True)
+        self._event("reachable again", f"after {time.time() - since:.0f} s")
+        self.offline_since = None
+
+    def _event(self, what: str, detail: str) -> None:
+        """Outages are logged beside the spool (``.events``): Tune works on copies of its callbacks,
+        and the study's end summary reads them from there."""
+        os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+        with open(f"{self.spool}.events", "a") as f:
+            f.write(json.dumps({"time": time.time(), "event": what, "detail": detail}) + "\n")
+
+    def events(self) -> list[dict[str, Any]]:
+        if not os.path.exists(f"{self.spool}.events"):
+            return []
+        with open(f"{self.spool}.events") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    # -- applying one operation ---------------------------------------------------
+    @property
+    def client(self):
+        """The MLflow client; on (re)connecting, the child runs already written and their last epochs are read back."""
+        if self._client is None:
+            client = self.connect(self.tracking_uri)
+            for run in child_runs(client, self.experiment_id, self.parent_run_id):
+                trial_id = run.data.tags.get("trial_id")
+                if trial_id:
+                    self.run_ids[trial_id] = run.info.run_id
+                    steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+                    self.logged_step[trial_id] = max(steps, default=0)
+            self._client = client
+        return self._client
+
+    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None) -> str:
+        client = self.client
+        if trial_id not in self.run_ids:
+            name = f"trial-{trial_id}"
+            tags = {
+                "mlflow.parentRunId": self.parent_run_id,
+                "mlflow.runName": name,
+                "kind": "trial",
+                "trial_id": trial_id,
+                "study_name": self.study_name,
+            }
+            run = client.create_run(self.experiment_id, tags=tags, run_name=name)
+            if config:
+                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(config.items())])
+            self.run_ids[trial_id] = run.info.run_id
+            self.logged_step[trial_id] = 0
+        return self.run_ids[trial_id]
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        trial_id = op["trial_id"]
+        run_id = self._run_id(trial_id, op.get("config"))
+        client = self.client
+        if op["op"] == "result":
+            step = int(op["step"])
+            if step <= self.logged_step.get(trial_id, 0):
+                return  # already recorded before a restart: never a duplicated step
+            metrics = [Metric(k, float(v), int(op["time_ms"]), step) for k, v in op["metrics"].items()]
+            client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in op["tags"].items()])
+            self.logged_step[trial_id] = step
+        elif op["op"] in ("complete", "error"):
+            for key, value in op["tags"].items():
+                client.set_tag(run_id, key, value)
+            client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
+
+
+# ----------------------------------------------------------------------------- before a resume
+def reconcile_before_resume(study: optuna.Study, experiment_dir: str) -> list[int]:
+    """Optuna trials left RUNNING that no restored Tune trial will continue are marked FAIL; returns their numbers.
+
+    The Tune side is the experiment's last snapshot, read with Ray's public ``ExperimentAnalysis``; the
+    Optuna side is the ``tune_trial_id`` user attribute the searcher sets on every trial it asks for.
+    """
+    from ray.tune import ExperimentAnalysis
+
+    restored = ExperimentAnalysis(experiment_dir).trials
+    continuing = {t.trial_id for t in restored if t.status not in ("TERMINATED", "ERROR")}
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("tune_trial_id") not in continuing:
+            study.tell(trial.number, state=TrialState.FAIL)
+            failed.append(trial.number)
+    return failed
+
+
+# ----------------------------------------------------------------------------- the end of a study
+def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, Any]:
+    """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth)."""
+    trials = study.get_trials(deepcopy=False)
+    counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+    best = None
+    if complete:
+        best = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
+    metrics = {
+        "n_trials": len(trials),
+        "n_complete": counts["COMPLETE"],
+        "n_pruned": counts["PRUNED"],
+        "n_failed": counts["FAIL"],
+        "wall_time_s": wall_s,
+        "epochs_spent": float(sum(len(t.intermediate_values) for t in trials)),
+    }
+    return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
+
+
+def finish_study(study: optuna.Study, recorder: TrialRecorder, metric: str, mode: str, wall_s: float) -> dict[str, Any]:
+    """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
+
+    When MLflow cannot be reached, nothing is lost: the trial records stay in the spool and the Optuna
+    storage holds the rest; ``python -m study.sync --study NAME`` writes them later.
+    """
+    # the study is over: a trial still RUNNING was orphaned by a killed driver and never continued
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+    summary = summarize_study(study, mode, wall_s)
+    summary["mlflow_synced"] = False
+    try:
+        if not recorder.flush(force=True):
+            raise ConnectionError("the kept trial records could not be written")
+        write_study_records(study, recorder, metric, summary)
+        summary["mlflow_synced"] = True
+    except Exception as error:  # any MLflow failure: report, keep, and let the user sync
+        summary["mlflow_error"] = first_error_line(str(error)) or type(error).__name__
+    summary["outages"] = sum(e["event"] == "unreachable" for e in recorder.events())
+    return summary
+
+
+def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: str, summary: dict[str, Any]) -> None:
+    """Optuna's number and state on every child run, then the artifacts and summary metrics on the parent run."""
+    from study.artifacts import study_artifacts
+
+    client, parent_id = recorder.client, recorder.parent_run_id
+    children = {r.data.tags.get("trial_id"): r for r in child_runs(client, recorder.experiment_id, parent_id)}
+    for t in study.get_trials(deepcopy=False):
+        run = children.get(t.user_attrs.get("tune_trial_id"))
+        if run is not None:
+            client.set_tag(run.info.run_id, "optuna_trial_number", str(t.number))
+            client.set_tag(run.info.run_id, "optuna_state", t.state.name)
+    orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
+    tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
+    best = summary["best"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in study_artifacts(study, children, Path(tmp), metric, best):
+            client.log_artifact(parent_id, str(path))
+    metrics = dict(summary["metrics"])
+    if best is not None:
+        metrics[f"best_{metric}"] = float(best.value)
+        client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
+    for key, value in metrics.items():
+        client.log_metric(parent_id, key, float(value))
+    client.set_terminated(parent_id, status="FINISHED")
+
+
+def print_summary(outcome: dict[str, Any], metric: str) -> None:
+    """The human summary of a finished (or synced) study: counts, outages, the best trial and what to run next."""
+    m = outcome["metrics"]
+    uri_flag = f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else ""
+    if outcome.get("outages"):
+        print(
+            f"\nMLflow was unreachable {outcome['outages']} time(s) during the study; training went on"
+            + ("; the records kept meanwhile were written when it returned." if outcome.get("mlflow_synced", True) else ".")
+        )
+    if not outcome.get("mlflow_synced", True):
+        print(
+            f"\nwarning: MLflow at {outcome['uri']} could not be written at the end ({outcome.get('mlflow_error')}). Nothing is lost: "
+            f"trial records are kept in {spool_path(outcome['study_name'])} and the trials in the Optuna storage.\n"
+            f"write them when MLflow is back:  python -m study.sync --study {outcome['study_name']} --experiment {outcome['experiment']}"
+            + uri_flag
+        )
+    print(
+        f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
+        f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
+    )
+    best = outcome["best"]
+    if best is None:
+        print("no trial completed; nothing to retrain")
+    else:
+        print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
+        for key, value in sorted((outcome["best_config"] or {}).items()):
+            print(f"  {key}: {value}")
+        print(
+            f"\nretrain it and test it:  python -m study.final --study {outcome['study_name']} --experiment {outcome['experiment']}"
+            + uri_flag
+        )
+    print(f"open the MLflow UI:       {tracking.ui_command(outcome['uri'])}")
