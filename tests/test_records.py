@@ -1,0 +1,237 @@
+"""Fast unit tests of what a study records (study/records.py): the trial recorder with its spool, and the end of a study.
+
+MLflow is replaced by ``FakeMlflow``, an in-memory client with the calls the recorder makes, which can
+be switched off to act as an unreachable tracking server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from study import records
+from study.records import TrialRecorder
+
+
+class FakeMlflow:
+    """The MlflowClient calls of study.records, kept in memory; ``down = True`` makes every call raise."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, SimpleNamespace] = {}
+        self.history: dict[tuple[str, str], list[SimpleNamespace]] = {}
+        self.down = False
+        self.calls: Counter[str] = Counter()
+
+    def _call(self, name: str) -> None:
+        self.calls[name] += 1
+        if self.down:
+            raise ConnectionError("Connection refused")
+
+    def create_run(self, experiment_id, tags=None, run_name=None):
+        self._call("create_run")
+        run_id = f"run{len(self.runs)}"
+        info = SimpleNamespace(run_id=run_id, status="RUNNING", experiment_id=experiment_id)
+        self.runs[run_id] = SimpleNamespace(info=info, data=SimpleNamespace(tags=dict(tags or {}), params={}, metrics={}))
+        return self.runs[run_id]
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=()):
+        self._call("log_batch")
+        data = self.runs[run_id].data
+        data.params.update({p.key: p.value for p in params})
+        data.tags.update({t.key: t.value for t in tags})
+        for m in metrics:
+            data.metrics[m.key] = m.value
+            self.history.setdefault((run_id, m.key), []).append(SimpleNamespace(step=m.step, value=m.value))
+
+    def set_tag(self, run_id, key, value):
+        self._call("set_tag")
+        self.runs[run_id].data.tags[key] = value
+
+    def set_terminated(self, run_id, status="FINISHED"):
+        self._call("set_terminated")
+        self.runs[run_id].info.status = status
+
+    def get_run(self, run_id):
+        self._call("get_run")
+        return self.runs[run_id]
+
+    def search_runs(self, experiment_ids, filter_string="", max_results=1000):
+        self._call("search_runs")
+        wanted = dict(re.findall(r"tags\.([\w.]+) = '([^']*)'", filter_string))
+        return [r for r in self.runs.values() if all(r.data.tags.get(k) == v for k, v in wanted.items())]
+
+    def get_metric_history(self, run_id, key):
+        self._call("get_metric_history")
+        return list(self.history.get((run_id, key), []))
+
+    # for a test's eyes only
+    def trials(self) -> dict[str, SimpleNamespace]:
+        return {r.data.tags["trial_id"]: r for r in self.runs.values() if r.data.tags.get("kind") == "trial"}
+
+    def steps(self, run, key: str = "epoch") -> list[int]:
+        return [m.step for m in self.history.get((run.info.run_id, key), [])]
+
+
+@pytest.fixture
+def mlflow_fake() -> FakeMlflow:
+    fake = FakeMlflow()
+    fake.create_run("0", tags={"kind": "study", "study_name": "s"})  # the parent run, run0
+    return fake
+
+
+def recorder_for(fake: FakeMlflow, spool) -> TrialRecorder:
+    return TrialRecorder("http://mlflow.test", "0", "run0", "s", str(spool), connect=lambda uri: fake)
+
+
+def start(trial_id: str) -> dict:
+    return {"op": "start", "trial_id": trial_id, "config": {"lr": 0.01, "dataset": "synthetic"}}
+
+
+def epoch(trial_id: str, step: int) -> dict:
+    return {
+        "op": "result",
+        "trial_id": trial_id,
+        "step": step,
+        "metrics": {"epoch": float(step), "val_recall_at_1": 0.1 * step},
+        "tags": {"device": "cpu"},
+        "time_ms": 1000 * step,
+        "config": {"lr": 0.01, "dataset": "synthetic"},
+    }
+
+
+def complete(trial_id: str, state: str = "COMPLETE") -> dict:
+    return {"op": "complete", "trial_id": trial_id, "tags": {"trial_state": state}, "config": {}}
+
+
+def test_one_run_per_trial_with_its_params_and_epochs(tmp_path, mlflow_fake):
+    recorder = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")
+    for op in (start("a"), epoch("a", 1), start("b"), epoch("a", 2), epoch("b", 1), complete("a")):
+        recorder.submit(op)
+    trials = mlflow_fake.trials()
+    assert set(trials) == {"a", "b"} and mlflow_fake.calls["create_run"] == 3  # the parent and one run per trial
+    a, b = trials["a"], trials["b"]
+    assert a.data.tags["mlflow.parentRunId"] == "run0" and a.data.tags["study_name"] == "s"
+    assert a.data.params == {"dataset": "synthetic", "lr": "0.01"}
+    assert mlflow_fake.steps(a) == [1, 2] and mlflow_fake.steps(a, "val_recall_at_1") == [1, 2]
+    assert a.data.tags["device"] == "cpu" and a.data.tags["trial_state"] == "COMPLETE"
+    assert (a.info.status, b.info.status) == ("FINISHED", "RUNNING")
+    assert not (tmp_path / "spool.jsonl").exists()
+
+
+def test_error_op_fails_the_run(tmp_path, mlflow_fake):
+    recorder = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")
+    recorder.submit(start("a"))
+    recorder.submit({"op": "error", "trial_id": "a", "tags": {"failure_reason": "boom", "trial_state": "FAIL"}, "config": {}})
+    run = mlflow_fake.trials()["a"]
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "boom"
+
+
+def test_a_restarted_driver_finds_the_run_and_never_logs_a_step_twice(tmp_path, mlflow_fake):
+    first = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")
+    for op in (start("a"), epoch("a", 1), epoch("a", 2)):
+        first.submit(op)
+    second = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")  # a resumed study: nothing in memory
+    for op in (start("a"), epoch("a", 2), epoch("a", 3), epoch("a", 3)):  # the trial continues from its epoch-1 checkpoint
+        second.submit(op)
+    trials = mlflow_fake.trials()
+    assert list(trials) == ["a"] and mlflow_fake.calls["create_run"] == 2
+    assert mlflow_fake.steps(trials["a"]) == [1, 2, 3]
+
+
+def test_records_wait_in_the_spool_while_mlflow_is_down(tmp_path, mlflow_fake, capsys):
+    spool = tmp_path / "spool" / "s.jsonl"
+    recorder = recorder_for(mlflow_fake, spool)
+    recorder.submit(start("a"))
+    mlflow_fake.down = True
+    for op in (epoch("a", 1), epoch("a", 2), complete("a")):
+        recorder.submit(op)
+    kept = [json.loads(line) for line in spool.read_text().splitlines()]
+    assert [op["op"] for op in kept] == ["result", "result", "complete"] and [op.get("step") for op in kept[:2]] == [1, 2]
+    assert [e["event"] for e in recorder.events()] == ["unreachable"]
+    assert "unreachable" in capsys.readouterr().out
+    assert mlflow_fake.steps(mlflow_fake.trials()["a"]) == []
+
+    calls = sum(mlflow_fake.calls.values())
+    assert recorder.flush() is False  # within retry_every_s of the last try: MLflow is not asked again
+    assert sum(mlflow_fake.calls.values()) == calls
+
+    mlflow_fake.down = False
+    assert recorder.flush(force=True) is True
+    run = mlflow_fake.trials()["a"]
+    assert mlflow_fake.steps(run) == [1, 2] and run.info.status == "FINISHED"
+    assert not spool.exists()
+    assert [e["event"] for e in recorder.events()] == ["unreachable", "reachable again"]
+
+
+def test_a_new_recorder_writes_what_an_earlier_one_kept(tmp_path, mlflow_fake):
+    """What `python -m study.sync` and a resumed study do with the spool of a driver that ended during an outage."""
+    spool = tmp_path / "s.jsonl"
+    mlflow_fake.down = True
+    gone = recorder_for(mlflow_fake, spool)
+    for op in (start("a"), epoch("a", 1), complete("a", "PRUNED")):
+        gone.submit(op)
+    assert len(spool.read_text().splitlines()) == 3 and mlflow_fake.trials() == {}
+    mlflow_fake.down = False
+    later = recorder_for(mlflow_fake, spool)
+    assert later.flush(force=True) is True
+    run = mlflow_fake.trials()["a"]
+    assert mlflow_fake.steps(run) == [1] and run.data.tags["trial_state"] == "PRUNED" and run.info.status == "FINISHED"
+    assert later.flush(force=True) is True and mlflow_fake.calls["create_run"] == 2  # applying again writes nothing twice
+
+
+def test_recorder_pickles_without_its_client_and_queue(tmp_path, mlflow_fake):
+    recorder = TrialRecorder("http://mlflow.test", "0", "run0", "s", str(tmp_path / "s.jsonl"))
+    recorder._client, recorder.run_ids = mlflow_fake, {"a": "run1"}
+    state = recorder.__getstate__()
+    assert state["_client"] is None and state["run_ids"] == {} and state["pending"] is None
+
+
+# -- a study that stops early, and one that ends ----------------------------------------
+@pytest.mark.parametrize(
+    ("error", "status", "reason"), [(RuntimeError("disk full"), "FAILED", "disk full"), (KeyboardInterrupt(), "KILLED", "interrupted")]
+)
+def test_stopped_on_failure_marks_the_runs_and_reraises(tmp_path, mlflow_fake, error, status, reason):
+    recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
+    for op in (start("a"), start("b"), complete("b")):
+        recorder.submit(op)
+    with pytest.raises(type(error)), records.stopped_on_failure(mlflow_fake, "0", "run0"):
+        raise error
+    trials = mlflow_fake.trials()
+    assert trials["a"].info.status == "FAILED" and trials["a"].data.tags["failure_reason"] == f"study stopped: {reason}"
+    assert trials["b"].info.status == "FINISHED"  # a finished trial keeps its status
+    assert mlflow_fake.runs["run0"].info.status == status and mlflow_fake.runs["run0"].data.tags["failure_reason"] == reason
+
+
+def test_stopped_on_failure_lets_a_study_that_ends_well_alone(mlflow_fake):
+    with records.stopped_on_failure(mlflow_fake, "0", "run0"):
+        pass
+    assert mlflow_fake.runs["run0"].info.status == "RUNNING" and sum(mlflow_fake.calls.values()) == 1
+
+
+def test_summarize_study_counts_and_picks_the_best_complete_trial():
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    for number, (state, steps) in enumerate(
+        [(TrialState.COMPLETE, [0.2, 0.4]), (TrialState.PRUNED, [0.9]), (TrialState.COMPLETE, [0.3, 0.6]), (TrialState.FAIL, [])]
+    ):
+        trial = study.ask()
+        trial.set_user_attr("config", {"lr": number})
+        for step, value in enumerate(steps, start=1):
+            trial.report(value, step)
+        study.tell(trial, steps[-1] if state == TrialState.COMPLETE else None, state=state)
+    summary = records.summarize_study(study, "max", 12.0)
+    assert summary["metrics"] == {
+        "n_trials": 4,
+        "n_complete": 2,
+        "n_pruned": 1,
+        "n_failed": 1,
+        "wall_time_s": 12.0,
+        "epochs_spent": 5.0,
+    }
+    assert summary["best"].number == 2 and summary["best_config"] == {"lr": 2}  # the pruned trial's 0.9 does not count
+    assert records.summarize_study(study, "min", 0.0)["best"].number == 0
