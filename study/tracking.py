@@ -48,12 +48,13 @@ def runs_dir() -> Path:
 def resolve_data_root(flag: str | None) -> str | None:
     """The data root as an absolute path: ``--data-root``, else ``$DML_DATA_ROOT``, else None.
 
-    Absolute because Tune runs each trial in its own working directory.
+    The rule is ``trainables.core.data.resolve_data_root``'s; absolute here because Tune runs each
+    trial in its own working directory.
     """
-    from trainables.core.data import DATA_ROOT_ENV  # here, not at the top: it imports torch
+    from trainables.core.data import resolve_data_root as flag_or_env  # here, not at the top: it imports torch
 
-    value = flag or os.environ.get(DATA_ROOT_ENV)
-    return str(Path(value).expanduser().resolve()) if value else None
+    root = flag_or_env(flag)
+    return str(root.resolve()) if root else None
 
 
 def resolve_tracking_uri(flag: str | None) -> str:
