@@ -6,6 +6,7 @@ takes about a minute on two CPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -183,3 +184,24 @@ def test_report_of_the_study(two_node_study, tmp_path, capsys):
     assert first_row.split("|")[3].strip() == str(EPOCHS)
     assert (out / "learning_curves.png").is_file()
     assert client.list_artifacts(parent[0].info.run_id, "report") == []  # --no-log
+
+
+def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
+    """--resume without --space / --epochs continues with the study's own, read back from its parent run's params."""
+    from study import records, tracking
+
+    started = launch.study_settings(launch.parse_args(["--space", "smoke", "--epochs", "3", "--study-name", "earlier"]))
+    uri = tracking.resolve_tracking_uri(None)
+    experiment_id = tracking.setup(uri, "dml-studies")
+    records.create_parent_run(mlflow.MlflowClient(uri), experiment_id, "earlier", started.space.path, started.parent_params())
+    (runs / "ray" / "earlier").mkdir(parents=True)
+
+    args = launch.parse_args(["--resume", "--study-name", "earlier"])
+    resumed = launch.study_settings(args)
+    assert resumed.space.path == started.space.path and resumed.space.path.endswith("smoke.yaml")
+    assert resumed.max_epochs == resumed.space.fixed["epochs"] == 3  # not the space file's 4
+    assert resumed.resume and resumed.experiment_dir == str(runs / "ray" / "earlier")
+    assert args.space is None and args.epochs is None  # the command line is read, never changed
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resumed.max_epochs = 4
+    assert launch.study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"])).max_epochs == 2
