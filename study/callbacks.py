@@ -127,7 +127,7 @@ class Progress(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = self._outcome(trial)
-        what = {COMPLETE: "complete", PRUNED: f"pruned by ASHA at epoch {epochs_done(trial.last_result)}", FAIL: "failed"}[state]
+        what = {COMPLETE: "complete", PRUNED: f"pruned at rung {epochs_done(trial.last_result)}", FAIL: "failed"}[state]
         self._line(trials, f"{trial.trial_id} {what}", force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):

@@ -35,6 +35,7 @@ import mlflow
 import optuna
 
 from study import records, tracking
+from study.schedulers import SCHEDULERS, describe
 from study.spaces import Space, SpaceError, load_space, parse_space
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -67,8 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial (default 1); torch uses that many threads")
     a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--epochs", type=int, help="epochs per trial, the ASHA max_t (default: the space's epochs)")
-    a("--grace-period", type=int, default=2, help="ASHA: epochs every trial runs before it can be stopped (default 2)")
-    a("--reduction-factor", type=float, default=3.0, help="ASHA: keep the top 1/factor at each rung (default 3)")
+    a(
+        "--scheduler",
+        choices=SCHEDULERS,
+        help="early stopping: budget (default; successive halving where every rung judges a schedule scaled to its budget, "
+        "heating and lr decay included), asha (stock ASHA, judging mid-schedule: the baseline) or fifo (none)",
+    )
+    a("--grace-period", type=int, help="the first rung, in epochs (default: a quarter of the epochs)")
+    a("--reduction-factor", type=float, help="keep the top 1/factor at each rung (default 4)")
     a("--metric", default="val_recall_at_1", help=f"validation metric to maximize: {', '.join(METRICS)} (default val_recall_at_1)")
     a("--address", help="join a running Ray cluster (e.g. 'auto' on a node of a `ray up` cluster); default: a local Ray")
     a("--storage-path", help="where Ray keeps trial checkpoints; on a cluster a shared path or s3:// URI (default: ./runs/ray)")
@@ -111,9 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--gpus-per-trial", args.gpus_per_trial, "a finite number >= 0")
     if args.epochs is not None and args.epochs < 1:
         bad("--epochs", args.epochs, "an integer >= 1")
-    if args.grace_period < 1:
+    if args.grace_period is not None and args.grace_period < 1:
         bad("--grace-period", args.grace_period, "an integer >= 1")
-    if not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
+    if args.reduction_factor is not None and not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
         bad("--reduction-factor", args.reduction_factor, "a finite number > 1")
     if args.metric not in METRICS:
         bad("--metric", args.metric, f"one of {', '.join(METRICS)}")
@@ -133,12 +140,13 @@ class StudySettings:
 
     name: str
     space: Space  # with --dataset and --epochs applied
-    max_epochs: int  # every trial's full schedule, the ASHA max_t
+    max_epochs: int  # every trial's full budget
     num_samples: int
     metric: str
     mode: str
     sampler: str
     seed: int
+    scheduler: str  # budget, asha or fifo (study.schedulers)
     grace_period: int
     reduction_factor: float
     max_concurrent: int
@@ -154,6 +162,12 @@ class StudySettings:
     experiment: str
     resume: bool
 
+    def early_stopping(self):
+        """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers)."""
+        from study.schedulers import make_early_stopping
+
+        return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor)
+
     @property
     def experiment_dir(self) -> str:
         """The Tune experiment's folder (or URI) under --storage-path."""
@@ -163,6 +177,8 @@ class StudySettings:
         """What the study's MLflow parent run records; --resume reads ``space`` and ``epochs`` back."""
         return {
             "space": self.space.path,
+            "scheduler": self.scheduler,
+            "budgets": " ".join(str(b) for b in self.early_stopping().budgets),
             "grace_period": self.grace_period,
             "reduction_factor": self.reduction_factor,
             "max_concurrent": self.max_concurrent,
@@ -186,8 +202,6 @@ PLAIN_FLAGS = (
     "metric",
     "sampler",
     "seed",
-    "grace_period",
-    "reduction_factor",
     "max_concurrent",
     "cpus_per_trial",
     "gpus_per_trial",
@@ -205,8 +219,7 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     resumed = records.resumed_params(uri, args.experiment, args.study_name) if args.resume else {}
     space = prepare_space(args, resumed)
     max_epochs = base_config(space).epochs
-    if args.grace_period > max_epochs:
-        raise UsageError(f"--grace-period {args.grace_period}: larger than the {max_epochs} epochs per trial; expected <= {max_epochs}")
+    scheduler, grace_period, reduction_factor = early_stopping_flags(args, resumed, max_epochs)
     data_root = tracking.resolve_data_root(args.data_root)
     fit_classes = check_dataset(space, data_root)
     name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -225,8 +238,21 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         storage_path=storage_path,
         optuna_storage=args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}",
         tracking_uri=uri,
+        scheduler=scheduler,
+        grace_period=grace_period,
+        reduction_factor=reduction_factor,
         **{flag: getattr(args, flag) for flag in PLAIN_FLAGS},
     )
+
+
+def early_stopping_flags(args: argparse.Namespace, resumed: dict[str, str], max_epochs: int) -> tuple[str, int, float]:
+    """--scheduler, --grace-period, --reduction-factor: the flag, else the resumed study's, else the default."""
+    scheduler = args.scheduler or resumed.get("scheduler") or ("asha" if resumed else "budget")  # studies before budgets ran ASHA
+    grace = args.grace_period or int(resumed.get("grace_period", 0)) or max(1, max_epochs // 4)
+    factor = args.reduction_factor or float(resumed.get("reduction_factor", 0)) or 4.0
+    if grace > max_epochs:
+        raise UsageError(f"--grace-period {grace}: larger than the {max_epochs} epochs per trial; expected <= {max_epochs}")
+    return scheduler, grace, factor
 
 
 def prepare_space(args: argparse.Namespace, resumed: dict[str, str] | None = None) -> Space:
@@ -371,15 +397,16 @@ def trainable(settings: StudySettings):
 
     from trainables.dml import train_dml
 
+    budgets = list(settings.early_stopping().budgets)
     return tune.with_resources(
-        tune.with_parameters(train_dml, data_root=settings.data_root), {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial}
+        tune.with_parameters(train_dml, data_root=settings.data_root, budgets=budgets),
+        {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial},
     )
 
 
 def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
-    """A Tuner of the study: the Optuna searcher (at most --max-concurrent trials at once), ASHA, the MLflow and progress callbacks."""
+    """A Tuner of the study: the Optuna searcher (at most --max-concurrent trials at once), the scheduler, MLflow and progress callbacks."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
 
     from study.callbacks import MlflowTrials, Progress
@@ -389,9 +416,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
     searcher = OptunaSearcher(
         s.space, s.optuna_storage, s.name, metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler
     )
-    scheduler = ASHAScheduler(
-        time_attr="training_iteration", max_t=s.max_epochs, grace_period=s.grace_period, reduction_factor=s.reduction_factor
-    )
+    scheduler = s.early_stopping().scheduler
     return tune.Tuner(
         trainable(s),
         tune_config=tune.TuneConfig(
@@ -440,7 +465,8 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
             tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
             print(
                 f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
-                f"{s.metric} ({s.mode}), {s.max_concurrent} at once; Ray at {ray.get_runtime_context().gcs_address}",
+                f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping())}; "
+                f"Ray at {ray.get_runtime_context().gcs_address}",
                 flush=True,
             )
             tuner.fit()

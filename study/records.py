@@ -285,7 +285,7 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, 
         "n_pruned": counts["PRUNED"],
         "n_failed": counts["FAIL"],
         "wall_time_s": wall_s,
-        "epochs_spent": float(sum(len(t.intermediate_values) for t in trials)),
+        "epochs_spent": float(sum(t.user_attrs.get("epochs_trained", len(t.intermediate_values)) for t in trials)),
     }
     return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
 
@@ -356,7 +356,7 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
         )
     print(
         f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
-        f"{m['n_complete']} complete, {m['n_pruned']} pruned by ASHA, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
+        f"{m['n_complete']} complete, {m['n_pruned']} pruned early, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
     )
     best = outcome["best"]
     if best is None:

@@ -15,8 +15,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+from typing import Any
 
 from trainables.core.budgets import rung_budgets
 
@@ -28,13 +27,15 @@ class EarlyStopping:
     """A scheduler choice resolved: its Ray Tune scheduler and the budgets every trial trains through."""
 
     kind: str
-    scheduler: TrialScheduler
+    scheduler: Any  # a ray.tune.schedulers.TrialScheduler
     budgets: tuple[int, ...]  # the trainable's ladder; (epochs,) without budget-aware rungs
     rungs: tuple[int, ...]  # where trials are judged (epochs of a finished schedule, or epochs trained)
 
 
 def make_early_stopping(kind: str, max_epochs: int, grace_period: int, reduction_factor: float) -> EarlyStopping:
     """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs."""
+    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+
     if kind not in SCHEDULERS:
         raise ValueError(f"scheduler {kind!r}: expected one of {', '.join(SCHEDULERS)}")
     if kind == "fifo":
@@ -49,3 +50,13 @@ def make_early_stopping(kind: str, max_epochs: int, grace_period: int, reduction
     )
     budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
     return EarlyStopping(kind, halving, budgets, rungs)
+
+
+def describe(stopping: EarlyStopping) -> str:
+    """One phrase for the study's header line."""
+    if stopping.kind == "fifo":
+        return "no early stopping"
+    rungs = ", ".join(str(r) for r in stopping.rungs)
+    if stopping.kind == "budget":
+        return f"budget-aware successive halving at budgets {rungs} (each a finished schedule)"
+    return f"stock ASHA at epochs {rungs} of the full schedule"

@@ -113,8 +113,13 @@ class OptunaSearcher(Searcher):
         return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        """The epoch's metric as the trial's intermediate value at step ``training_iteration``, once per step."""
-        trial, value, step = self._live.get(trial_id), result.get(self.metric), result.get("training_iteration")
+        """The metric as the trial's intermediate value, once per step.
+
+        The step is ``objective_step`` when the trainable trains a ladder of budgets (``budget`` in the result): the
+        budget at the end of each finished schedule, nothing mid-schedule. Else ``training_iteration``, every epoch.
+        """
+        step = result.get("objective_step") if "budget" in result else result.get("training_iteration")
+        trial, value = self._live.get(trial_id), result.get(self.metric)
         if trial is None or step is None or not is_finite_number(value) or step in self._reported[trial_id]:
             return
         trial.report(float(value), int(step))
@@ -128,6 +133,8 @@ class OptunaSearcher(Searcher):
         trial = self._live.pop(trial_id)
         self._reported.pop(trial_id)
         state = trial_outcome(result, error=error, metric=self.metric, max_epochs=self.max_epochs)
+        if result and "epochs_trained" in result:
+            trial.set_user_attr("epochs_trained", int(result["epochs_trained"]))
         value = float(result[self.metric]) if state == COMPLETE else None
         try:
             self.study.tell(trial, value, state=STATES[state], skip_if_finished=True)

@@ -194,3 +194,43 @@ def test_restored_grid_searcher_still_knows_how_many_points_it_asked_for(tmp_pat
     after = new_searcher(url, GRID)
     after.restore(str(tmp_path / "state.pkl"))
     assert after.suggest("c") == after.FINISHED
+
+
+# -- a ladder of budgets (trainables.core.budgets): intermediate values at the budgets only ------
+def ladder_results(budgets: list[int], values: dict[int, float]) -> list[dict]:
+    """What the ladder trainable reports with budgets [1, 3]: epochs 1 | (prefix 0) 1, 2, 3 of budget 3."""
+    out, trained, completed = [], 0, 0
+    for budget in budgets:
+        for epoch in range(1, budget + 1):
+            trained += 1
+            completed = budget if epoch == budget else completed
+            r = {"training_iteration": trained, "budget": budget, "epoch": epoch, "completed_budget": completed, "epochs_trained": trained}
+            r[METRIC] = values[budget] if epoch == budget else 0.01 * epoch  # mid-schedule values must not reach Optuna
+            if epoch == budget:
+                r["objective_step"] = budget
+            out.append(r)
+    return out
+
+
+def test_a_pruned_ladder_trial_has_intermediate_values_at_the_budgets_it_finished(searcher):
+    searcher.suggest("a")
+    reports = ladder_results([1, 3], {1: 0.4, 3: 0.7})[:2]  # stopped by the scheduler after budget 1 and one more epoch
+    for r in reports:
+        searcher.on_trial_result("a", r)
+    searcher.on_trial_complete("a", reports[-1])
+    (trial,) = searcher.study.get_trials()
+    assert trial.state == TrialState.PRUNED
+    assert trial.intermediate_values == {1: 0.4}
+    assert trial.user_attrs["epochs_trained"] == 2
+
+
+def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
+    searcher.suggest("a")
+    reports = ladder_results([1, 3], {1: 0.4, 3: 0.7})
+    for r in reports[:-1]:
+        searcher.on_trial_result("a", r)
+    searcher.on_trial_complete("a", reports[-1])
+    (trial,) = searcher.study.get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(0.7)
+    assert trial.intermediate_values == {1: 0.4, 3: 0.7}
+    assert trial.user_attrs["epochs_trained"] == 4

@@ -177,7 +177,7 @@ def test_grid_space_visits_every_point_once(tmp_path):
 # -- 2. conditional parameters in default.yaml ---------------------------------------------------
 
 SOFTMAX_ONLY = {"alpha", "heating", "normalization", "weight_norm", "mean_proxy_weight"}
-ALWAYS = {"loss", "classes_per_batch", "samples_per_class", "lr", "embedding_dim"}
+ALWAYS = {"loss", "classes_per_batch", "samples_per_class", "lr", "lr_schedule", "embedding_dim"}
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from ray import tune
 from trainables.core.budgets import LadderState, fit_budgets
 from trainables.core.checkpoint import BUNDLE_NAME, load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DatasetError
+from trainables.core.data import DatasetError, resolve_data_root
 from trainables.core.engine import TrainingDiverged
 
 PREFIX_NAME = "prefix.pt"  # the run before its budget's tail, where the next budget continues from
@@ -124,7 +124,7 @@ def train_dml(
             on_epoch,
             state=state,
             mode="study",
-            data_root=data_root or os.environ.get("DML_DATA_ROOT"),
+            data_root=resolve_data_root(data_root),
             device=torch.device(device),
             num_workers=num_workers,
         )
