@@ -32,9 +32,10 @@ import logging
 import os
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -445,11 +446,109 @@ def eval_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch
     return v2.Compose([*steps, v2.Normalize(mean, std)])
 
 
-def preprocess_batch(images: np.ndarray, kind: str, image_size: int) -> torch.Tensor:
-    """uint8 images (N, H, W) or (N, H, W, C) of any size -> normalized (N, C, S, S) float tensor."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8 or images.ndim not in (3, 4):
-        raise ValueError(f"expected a uint8 array of shape (N, H, W) or (N, H, W, C), got {images.dtype} {images.shape}")
+IMAGE_INPUT_RULES = (
+    "expected a batch (N, H, W) or (N, H, W, C), one image (H, W) or (H, W, C), or a list of images or PIL images, "
+    "channels last with C in 1, 3, 4, and integer or bool values in 0..255 or floats in [0, 1] or [0, 255]"
+)
+CHANNELS = (1, 3, 4)  # gray, RGB, RGBA
+
+
+def as_uint8_images(images: Any) -> np.ndarray | list[np.ndarray]:
+    """Images in any of the accepted forms -> uint8 images for :func:`preprocess_batch`.
+
+    Accepted (``IMAGE_INPUT_RULES``), channels last:
+
+    - an array (N, H, W) or (N, H, W, C) with C in 1, 3, 4 (gray, RGB, RGBA);
+    - one image (H, W) or (H, W, C). A 3-D array whose last axis is 1, 3 or 4
+      long is one image with channels: (32, 32, 3) is one RGB image, never 32
+      images 3 pixels wide; any other 3-D array is a batch (N, H, W);
+    - a list of such images or of PIL images, of any sizes (a nested list of
+      numbers, as JSON gives, reads as an array);
+    - values: bool (True = 255), integers in 0..255 of any integer type, or
+      floats in [0, 1] or [0, 255]: floats whose maximum is at most 1 are
+      scaled by 255. The maximum is that of the whole array (of each image in
+      a list), so one batch is read on one scale.
+
+    Returns a uint8 array (N, H, W) or (N, H, W, C) for array input, else a
+    list of uint8 (H, W) / (H, W, C) images. Raises ValueError naming what was
+    given and what is expected.
+    """
+    if isinstance(images, Image.Image):
+        images = [images]
+    if isinstance(images, (list, tuple)) and all(isinstance(x, (Image.Image, np.ndarray)) for x in images):
+        return [_one_image(x, f"image {i} of the list") for i, x in enumerate(images)]
+    array = _numeric(images)
+    if array is None:  # ragged nested lists (images of different sizes) or objects: one image per item
+        items = images.tolist() if isinstance(images, np.ndarray) else images
+        if not isinstance(items, (list, tuple)):
+            raise ValueError(f"got {type(images).__name__}; {IMAGE_INPUT_RULES}")
+        return [_one_image(x, f"image {i} of the list") for i, x in enumerate(items)]
+    what = f"got an array of {array.dtype}, shape {array.shape}"
+    if array.ndim == 2 or (array.ndim == 3 and array.shape[-1] in CHANNELS):
+        array = array[None]
+    if array.ndim not in (3, 4) or (array.ndim == 4 and array.shape[-1] not in CHANNELS) or 0 in array.shape[1:3]:
+        raise ValueError(f"{what}; {IMAGE_INPUT_RULES}")
+    return _to_uint8(array, what)
+
+
+def _numeric(values: Any) -> np.ndarray | None:
+    """``values`` as a numeric or bool array, or None where they are ragged or not numbers."""
+    try:
+        array = np.asarray(values.tolist() if isinstance(values, np.ndarray) and values.dtype == object else values)
+    except (ValueError, TypeError):
+        return None
+    return None if array.dtype == object else array
+
+
+def _one_image(image: Any, where: str) -> np.ndarray:
+    """One image (PIL, array or nested list) -> uint8 (H, W) or (H, W, C)."""
+    if isinstance(image, Image.Image):
+        if image.mode not in ("1", "L", "RGB", "RGBA", "I", "I;16", "F"):  # palette, LA, CMYK, ...
+            image = image.convert("RGB")
+        image = np.asarray(image)
+    array = _numeric(image)
+    if array is None:
+        raise ValueError(f"{where}: not an array of numbers; {IMAGE_INPUT_RULES}")
+    what = f"{where}: an array of {array.dtype}, shape {array.shape}"
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in CHANNELS) or 0 in array.shape[:2]:
+        raise ValueError(f"{what}, not one image (H, W) or (H, W, C); {IMAGE_INPUT_RULES}")
+    return _to_uint8(array, what)
+
+
+def _to_uint8(array: np.ndarray, what: str) -> np.ndarray:
+    """bool, integer or float pixel values -> uint8 0..255, by the rules of :func:`as_uint8_images`."""
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * np.uint8(255)
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise ValueError(f"{what}: {array.dtype} values; {IMAGE_INPUT_RULES}")
+    if array.size == 0:
+        return array.astype(np.uint8)
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise ValueError(f"{what}: NaN or infinite values; {IMAGE_INPUT_RULES}")
+    low, high = array.min(), array.max()
+    if low < 0 or high > 255:
+        raise ValueError(f"{what}: values from {low} to {high}; {IMAGE_INPUT_RULES}")
+    if np.issubdtype(array.dtype, np.floating):
+        return np.rint(array * 255 if high <= 1 else array).astype(np.uint8)
+    return array.astype(np.uint8)
+
+
+def preprocess_batch(images: np.ndarray | Sequence[np.ndarray], kind: str, image_size: int) -> torch.Tensor:
+    """uint8 images (N, H, W) or (N, H, W, C), or a list of uint8 (H, W) / (H, W, C) images, of any size -> (N, C, S, S).
+
+    Gray, RGB and RGBA inputs all fit: :func:`to_tensor` converts them to the
+    model's channels. :func:`as_uint8_images` brings other input to this form.
+    """
+    if isinstance(images, np.ndarray):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(f"expected a uint8 array of shape (N, H, W) or (N, H, W, C), got {images.dtype} {images.shape}")
+    else:
+        for i, image in enumerate(images):
+            if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim not in (2, 3):
+                got = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
+                raise ValueError(f"image {i}: expected a uint8 array of shape (H, W) or (H, W, C), got {got}")
     transform = eval_transform(kind, image_size)
     return torch.stack([transform(to_tensor(image, kind)) for image in images])
 
