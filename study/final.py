@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import math
+import shlex
 import sys
 import tempfile
 import time
@@ -127,12 +129,18 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None) -> dict[str, Any]:
-    """One child run: train, test, histograms, model. Returns test metrics and the model URI."""
+def train_seed(
+    config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None, origin: str = ""
+) -> dict[str, Any]:
+    """One child run: train, test, histograms, model. Returns test metrics and the model URI.
+
+    The test metrics are logged once, after the model, linked to it (see
+    :func:`record_model`); ``origin`` says where the config came from.
+    """
     started = time.perf_counter()
 
     def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
-        mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=epoch)
+        mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")}, step=epoch)
         shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
         if "alpha" in metrics:
             shown += f"  alpha {metrics['alpha']:.2f}"
@@ -152,17 +160,28 @@ def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: P
         positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png", title=f"test pair similarities, seed {config.seed}"
     )
     mlflow.log_artifact(str(histogram))
-    mlflow.log_metrics(
-        {
-            "time_total_s": elapsed,
-            "test_positive_similarity_mean": float(positive.mean()),
-            "test_negative_similarity_mean": float(negative.mean()),
-        }
-    )
-    from study.pyfunc import log_embedding_model
+    mlflow.log_metric("time_total_s", elapsed)
+    similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
+    model = record_model(run, {**test, **similarity}, workdir, register, origin)
+    return {"test": test, "time_s": elapsed, **model, "run_id": mlflow.active_run().info.run_id}
+
+
+def record_model(run: Run, test: dict[str, float], workdir: Path, register: str | None, origin: str) -> dict[str, str | None]:
+    """Log ``run``'s model in the active MLflow run, the test metrics linked to it, and a registered version's description.
+
+    Returns {"model_uri", "registered_uri" (models:/NAME/VERSION, or None)}.
+    """
+    from study.pyfunc import log_embedding_model, version_description
 
     info = log_embedding_model(run, workdir, registered_model_name=register)
-    return {"test": test, "time_s": elapsed, "model_uri": info.model_uri, "run_id": mlflow.active_run().info.run_id}
+    linked = {k: v for k, v in test.items() if math.isfinite(v)}
+    mlflow.log_metrics(linked, step=run.config.epochs, model_id=info.model_id)
+    version = info.registered_model_version
+    if not register or version is None:
+        return {"model_uri": info.model_uri, "registered_uri": None}
+    description = version_description(run.config, linked, origin or "study.final", mlflow.active_run().info.run_id)
+    mlflow.MlflowClient().update_model_version(register, str(version), description=description)
+    return {"model_uri": info.model_uri, "registered_uri": f"models:/{register}/{version}"}
 
 
 def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str]:
@@ -363,7 +382,9 @@ def train_configuration(
         with mlflow.start_run(experiment_id=target.experiment_id, run_name=run_name, tags=tags) as run:
             started.append(run.info.run_id)
             mlflow.log_params(seed_config.to_dict())
-            results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, register if i == 0 else None))
+            origin = f"study {plan.study} (parent run {target.parent_id})" if plan.study else plan.source_of(name)
+            registered = register if i == 0 else None
+            results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, registered, origin))
     summary = summarize([r["test"] for r in results])
     summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
     return {"config": config, "results": results, "summary": summary}
@@ -439,6 +460,39 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# One 8 x 8 image, (N, H, W) = (1, 8, 8): a dark cross on white, drawn as Omniglot draws strokes; small enough to type.
+CURL_IMAGE = [[0 if (1 <= r <= 6 and c in (3, 4)) or (1 <= c <= 6 and r in (3, 4)) else 255 for c in range(8)] for r in range(8)]
+
+
+def serve_commands(uri: str, model_uri: str, port: int = 5001) -> list[str]:
+    """Shell lines that serve ``model_uri`` over REST with this environment's mlflow, and ask it for one embedding.
+
+    The environment's bin folder leads PATH because ``mlflow models serve``
+    starts ``uvicorn`` from PATH: with only the full path to mlflow, an
+    environment that is not activated fails with "uvicorn: not found".
+    """
+    bin_dir = Path(sys.executable).parent  # not resolved: a venv's python is a link out of its bin folder
+    if tracking.is_local_sqlite(uri):  # the command must work from any folder
+        uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    tool = shlex.quote(str(bin_dir / "mlflow")) if (bin_dir / "mlflow").is_file() else "mlflow"
+    serve = (
+        f'PATH={shlex.quote(str(bin_dir))}:"$PATH" MLFLOW_TRACKING_URI={shlex.quote(uri)} '
+        f"{tool} models serve -m {shlex.quote(model_uri)} --env-manager local -p {port}"
+    )
+    payload = json.dumps({"inputs": [CURL_IMAGE]}, separators=(",", ":"))
+    curl = f"curl -s http://127.0.0.1:{port}/invocations -H 'Content-Type: application/json' -d '{payload}'"
+    return [serve, curl]
+
+
+def print_serving(outcome: dict[str, Any]) -> None:
+    """How to serve the registered model (else the first seed's) and query it."""
+    first = next(iter(outcome["outcomes"].values()))["results"][0]
+    model_uri = first["registered_uri"] or first["model_uri"]
+    serve, curl = serve_commands(outcome["uri"], model_uri)
+    print(f"\nserve {model_uri} over REST (Ctrl-C stops it):\n  {serve}")
+    print(f"then embed images (JSON lists of 0..255, (N, H, W) or (N, H, W, C); here one 8 x 8 image):\n  {curl}")
+
+
 def print_grid_summary(outcome: dict[str, Any]) -> None:
     keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
     print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s), mean +- std")
@@ -448,6 +502,7 @@ def print_grid_summary(outcome: dict[str, Any]) -> None:
         print(f"  {conf_name:<28}{cells}")
     print(f"\nparent run: {outcome['parent_run_id']}  (report: python -m study.report --study {outcome['name']})")
     print(f"open the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+    print_serving(outcome)
 
 
 def print_summary(outcome: dict[str, Any]) -> None:
@@ -463,9 +518,10 @@ def print_summary(outcome: dict[str, Any]) -> None:
     print(f"\nparent run: {outcome['parent_run_id']}")
     for r in outcome["results"]:
         print(f"  model: {r['model_uri']}  (run {r['run_id']})")
-    if outcome["registered"]:
-        print(f"  registered as: models:/{outcome['registered']}/latest")
+        if r["registered_uri"]:
+            print(f"  registered as: {r['registered_uri']}")
     print(f"\nopen the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+    print_serving(outcome)
 
 
 def main(argv: list[str] | None = None) -> int:
