@@ -37,6 +37,11 @@ def configure_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# Without it MLflow's UI opens an experiment in its GenAI views (traces, evaluation runs); this value opens
+# the model-training ones (runs, charts, models).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 class UsageError(ValueError):
     """Bad input from the command line or a file; printed as one line, exit status 2."""
 
@@ -93,18 +98,21 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 
 
 def setup(uri: str, experiment: str) -> str:
-    """Point MLflow at ``uri`` and make sure ``experiment`` exists; returns its id."""
+    """Point MLflow at ``uri`` and make sure ``experiment`` exists, tagged EXPERIMENT_KIND; returns its id."""
     configure_mlflow()
     if is_local_sqlite(uri):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
+    key, value = EXPERIMENT_KIND
     found = mlflow.get_experiment_by_name(experiment)
-    if found is not None:
-        return found.experiment_id
-    location = None
-    if is_local_sqlite(uri):
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts" / experiment).as_uri()
-    return mlflow.create_experiment(experiment, artifact_location=location)
+    if found is None:
+        location = None
+        if is_local_sqlite(uri):
+            location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts" / experiment).as_uri()
+        return mlflow.create_experiment(experiment, artifact_location=location, tags={key: value})
+    if found.tags.get(key) != value:  # an experiment made before the tag, or by another tool
+        mlflow.MlflowClient(uri).set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
 
 
 def git_commit() -> str:

@@ -272,3 +272,16 @@ def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
     code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--device", "gpu7"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "--device gpu7" in err
     assert all_runs(uri)[1] == []
+
+
+def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
+    from study import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    old = client.create_experiment("made-before-the-tag")
+    for name in ("fresh", "made-before-the-tag", "fresh"):
+        experiment_id = tracking.setup(uri, name)
+        assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracking.setup(uri, "made-before-the-tag") == old
+    assert len(client.search_experiments(filter_string="name = 'fresh'")) == 1
