@@ -55,11 +55,14 @@ def result_metrics(result: dict[str, Any]) -> dict[str, float]:
 class MlflowTrials(Callback):
     """One MLflow child run per trial (see TrialRecorder); the driver is the only writer."""
 
-    def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int) -> None:
-        self.recorder, self.metric, self.max_epochs = recorder, metric, max_epochs
+    def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int, kind: str = "trial") -> None:
+        self.recorder, self.metric, self.max_epochs, self.kind = recorder, metric, max_epochs, kind
+
+    def submit(self, op: dict[str, Any]) -> None:
+        self.recorder.submit({**op, "kind": self.kind})
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.recorder.submit({"op": "start", "trial_id": trial.trial_id, "config": dict(trial.config)})
+        self.submit({"op": "start", "trial_id": trial.trial_id, "config": dict(trial.config)})
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         op = {
@@ -71,17 +74,17 @@ class MlflowTrials(Callback):
             "time_ms": int(time.time() * 1000),
             "config": dict(trial.config),
         }
-        self.recorder.submit(op)
+        self.submit(op)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = trial_outcome(trial.last_result, error=False, metric=self.metric, max_epochs=self.max_epochs)
         tags = {"stopped_by_asha": str(state == PRUNED).lower(), "trial_state": state}
-        self.recorder.submit({"op": "complete", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
+        self.submit({"op": "complete", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
     def on_trial_error(self, iteration, trials, trial, **info):
         reason = first_error_line(trial_error_text(trial))
         tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false"}
-        self.recorder.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
+        self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
     def on_experiment_end(self, trials, **info):
         self.recorder.flush(force=True)

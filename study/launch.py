@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import os
@@ -35,7 +36,9 @@ import mlflow
 import optuna
 
 from study import records, tracking
+from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
+from study.selection import Selection, extra_seeds, select, top_complete, with_seed
 from study.spaces import Space, SpaceError, load_space, parse_space
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -96,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "grid spaces always use the grid",
     )
     a("--seed", type=int, default=0, help="seed of the sampler (trials keep their config's seed)")
+    a("--confirm-top", type=int, default=3, help="before naming the best, re-run this many top complete trials (default 3)")
+    a(
+        "--confirm-seeds",
+        type=int,
+        default=1,
+        help="extra seeds each of them is re-run with at the full budget; the best mean wins (default 1; 0: name the single best score)",
+    )
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     return parser
 
@@ -118,6 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--gpus-per-trial", args.gpus_per_trial, "a finite number >= 0")
     if args.epochs is not None and args.epochs < 1:
         bad("--epochs", args.epochs, "an integer >= 1")
+    if args.confirm_top < 1:
+        bad("--confirm-top", args.confirm_top, "an integer >= 1")
+    if args.confirm_seeds < 0:
+        bad("--confirm-seeds", args.confirm_seeds, "an integer >= 0")
     if args.grace_period is not None and args.grace_period < 1:
         bad("--grace-period", args.grace_period, "an integer >= 1")
     if args.reduction_factor is not None and not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
@@ -153,6 +167,8 @@ class StudySettings:
     cpus_per_trial: float
     gpus_per_trial: float
     max_failures: int
+    confirm_top: int  # the top complete trials re-run with extra seeds before the best is named
+    confirm_seeds: int
     data_root: str | None  # absolute: Tune runs each trial in its own working directory
     fit_classes: int
     address: str | None
@@ -193,6 +209,8 @@ class StudySettings:
             "optuna_storage": self.optuna_storage,
             "storage_path": self.storage_path,
             "fit_classes": self.fit_classes,
+            "confirm_top": self.confirm_top,
+            "confirm_seeds": self.confirm_seeds,
             **{f"fixed.{k}": v for k, v in self.space.fixed.items()},
         }
 
@@ -206,6 +224,8 @@ PLAIN_FLAGS = (
     "cpus_per_trial",
     "gpus_per_trial",
     "max_failures",
+    "confirm_top",
+    "confirm_seeds",
     "address",
     "experiment",
     "resume",
@@ -391,13 +411,13 @@ def open_study(settings: StudySettings, client, experiment_id: str, parent_id: s
         raise
 
 
-def trainable(settings: StudySettings):
-    """The trainable with its runtime settings and resources."""
+def trainable(settings: StudySettings, budgets: list[int] | None = None):
+    """The trainable with its runtime settings and resources; ``budgets`` defaults to the scheduler's ladder."""
     from ray import tune
 
     from trainables.dml import train_dml
 
-    budgets = list(settings.early_stopping().budgets)
+    budgets = budgets or list(settings.early_stopping().budgets)
     return tune.with_resources(
         tune.with_parameters(train_dml, data_root=settings.data_root, budgets=budgets),
         {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial},
@@ -446,6 +466,62 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: recor
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
 
 
+def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder, configs: list[dict[str, Any]]):
+    """A Tuner that trains ``configs`` at the full budget, no early stopping, recorded as ``confirmation`` runs."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from study.callbacks import MlflowTrials, Progress
+
+    s = settings
+    name = f"{s.name}-confirm"
+    if s.resume and tune.Tuner.can_restore(os.path.join(s.storage_path, name)):
+        return tune.Tuner.restore(os.path.join(s.storage_path, name), trainable(s, [s.max_epochs]), resume_unfinished=True)
+    return tune.Tuner(
+        trainable(s, [s.max_epochs]),
+        tune_config=tune.TuneConfig(
+            metric=s.metric,
+            mode=s.mode,
+            num_samples=len(configs),
+            search_alg=BasicVariantGenerator(points_to_evaluate=configs, max_concurrent=s.max_concurrent),
+            scheduler=FIFOScheduler(),
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=s.storage_path,
+            verbose=0,
+            callbacks=[
+                MlflowTrials(recorder, s.metric, s.max_epochs, kind="confirmation"),
+                Progress(s.metric, s.mode, s.max_epochs, len(configs)),
+            ],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures),
+        ),
+    )
+
+
+def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder) -> Selection | None:
+    """Re-run the top complete trials with extra seeds and rank them by mean (study.selection); None when there is no choice."""
+    s = settings
+    complete = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    numbers = top_complete({n: t.value for n, t in complete.items()}, s.confirm_top, s.mode)
+    if s.space.is_grid or s.confirm_seeds < 1 or len(numbers) < 2:
+        return None
+    jobs = {}  # the config re-run, as sorted JSON -> the Optuna trial number it confirms
+    for n in numbers:
+        config = complete[n].user_attrs["config"]
+        jobs.update({json.dumps(with_seed(config, seed), sort_keys=True): n for seed in extra_seeds(config, s.confirm_seeds)})
+    print(f"\nconfirming the top {len(numbers)} trials (Optuna {', '.join(f'#{n}' for n in numbers)}) with {s.confirm_seeds} extra seed(s)")
+    grid = confirmation_tuner(s, recorder, [json.loads(key) for key in jobs]).fit()
+    scores = {n: [complete[n].value] for n in numbers}
+    for result in grid:
+        n, value = jobs.get(json.dumps(result.config, sort_keys=True)), (result.metrics or {}).get(s.metric)
+        if n is not None and result.error is None and is_finite_number(value):
+            scores[n].append(float(value))
+    return select(scores, s.mode)
+
+
 def run_study(settings: StudySettings) -> dict[str, Any]:
     """Run the study to its end; returns what ``records.print_summary`` prints.
 
@@ -470,7 +546,8 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                 flush=True,
             )
             tuner.fit()
-            summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started)
+            selection = confirm_best(s, study, recorder)
+            summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection)
     return {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment, **summary}
 
 

@@ -31,6 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from optuna.trial import TrialState
 
 from study import tracking
+from study.selection import Selection
 from study.tracking import UsageError, child_runs, first_error_line
 
 
@@ -91,6 +92,10 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
 
 
 # ----------------------------------------------------------------------------- trial records
+# child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
+TRIAL_KINDS = ("trial", "confirmation")
+
+
 class TrialRecorder:
     """Writes trial events to MLflow as child runs of a study, keeping them locally while MLflow is away.
 
@@ -207,7 +212,8 @@ class TrialRecorder:
         """The MLflow client; on (re)connecting, the child runs already written and their last epochs are read back."""
         if self._client is None:
             client = self.connect(self.tracking_uri)
-            for run in child_runs(client, self.experiment_id, self.parent_run_id):
+            runs = [run for kind in TRIAL_KINDS for run in child_runs(client, self.experiment_id, self.parent_run_id, kind=kind)]
+            for run in runs:
                 trial_id = run.data.tags.get("trial_id")
                 if trial_id:
                     self.run_ids[trial_id] = run.info.run_id
@@ -216,14 +222,14 @@ class TrialRecorder:
             self._client = client
         return self._client
 
-    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None) -> str:
+    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial") -> str:
         client = self.client
         if trial_id not in self.run_ids:
-            name = f"trial-{trial_id}"
+            name = f"{'confirm' if kind == 'confirmation' else 'trial'}-{trial_id}"
             tags = {
                 "mlflow.parentRunId": self.parent_run_id,
                 "mlflow.runName": name,
-                "kind": "trial",
+                "kind": kind,
                 "trial_id": trial_id,
                 "study_name": self.study_name,
             }
@@ -236,7 +242,7 @@ class TrialRecorder:
 
     def _apply(self, op: dict[str, Any]) -> None:
         trial_id = op["trial_id"]
-        run_id = self._run_id(trial_id, op.get("config"))
+        run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"))
         client = self.client
         if op["op"] == "result":
             step = int(op["step"])
@@ -271,14 +277,19 @@ def reconcile_before_resume(study: optuna.Study, experiment_dir: str) -> list[in
 
 
 # ----------------------------------------------------------------------------- the end of a study
-def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, Any]:
-    """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth)."""
+def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Selection | None = None) -> dict[str, Any]:
+    """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth).
+
+    With a ``selection`` (the top trials re-run with extra seeds), the best is its winner, not the single best score.
+    """
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     best = None
     if complete:
         best = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
+    if selection is not None:
+        best = next(t for t in complete if t.number == selection.winner.key)
     metrics = {
         "n_trials": len(trials),
         "n_complete": counts["COMPLETE"],
@@ -287,10 +298,16 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float) -> dict[str, 
         "wall_time_s": wall_s,
         "epochs_spent": float(sum(t.user_attrs.get("epochs_trained", len(t.intermediate_values)) for t in trials)),
     }
-    return {"metrics": metrics, "best": best, "best_config": (best.user_attrs.get("config") if best else None)}
+    if selection is not None:
+        metrics["confirmation_runs"] = float(sum(len(c.scores) - 1 for c in selection.ranking))
+        metrics["selection_lead_in_se"] = selection.lead_in_se
+    best_config = best.user_attrs.get("config") if best else None
+    return {"metrics": metrics, "best": best, "best_config": best_config, "selection": selection}
 
 
-def finish_study(study: optuna.Study, recorder: TrialRecorder, metric: str, mode: str, wall_s: float) -> dict[str, Any]:
+def finish_study(
+    study: optuna.Study, recorder: TrialRecorder, metric: str, mode: str, wall_s: float, selection: Selection | None = None
+) -> dict[str, Any]:
     """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
 
     When MLflow cannot be reached, nothing is lost: the trial records stay in the spool and the Optuna
@@ -299,7 +316,7 @@ def finish_study(study: optuna.Study, recorder: TrialRecorder, metric: str, mode
     # the study is over: a trial still RUNNING was orphaned by a killed driver and never continued
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(trial.number, state=TrialState.FAIL)
-    summary = summarize_study(study, mode, wall_s)
+    summary = summarize_study(study, mode, wall_s, selection)
     summary["mlflow_synced"] = False
     try:
         if not recorder.flush(force=True):
@@ -326,16 +343,38 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
     best = summary["best"]
+    selection = summary.get("selection")
     with tempfile.TemporaryDirectory() as tmp:
-        for path in study_artifacts(study, children, Path(tmp), metric, best):
+        paths = study_artifacts(study, children, Path(tmp), metric, best)
+        if selection is not None:
+            paths.append(Path(tmp) / "selection.json")
+            paths[-1].write_text(json.dumps(selection_record(selection), indent=1))
+        for path in paths:
             client.log_artifact(parent_id, str(path))
-    metrics = dict(summary["metrics"])
+    metrics = {k: v for k, v in summary["metrics"].items() if math.isfinite(v)}
+    if selection is not None:
+        metrics[f"best_mean_{metric}"] = selection.winner.mean
+        client.set_tag(parent_id, "best_pick", selection.verdict())
     if best is not None:
         metrics[f"best_{metric}"] = float(best.value)
         client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
     for key, value in metrics.items():
         client.log_metric(parent_id, key, float(value))
     client.set_terminated(parent_id, status="FINISHED")
+
+
+def selection_record(selection: Selection) -> dict[str, Any]:
+    """selection.json: the re-run candidates (Optuna numbers, scores, mean, standard error), the lead and the verdict."""
+    ranking = [{"trial": c.key, "scores": list(c.scores), "mean": c.mean, "sem": c.sem} for c in selection.ranking]
+    return {"ranking": ranking, "lead": selection.lead, "lead_in_se": selection.lead_in_se, "verdict": selection.verdict()}
+
+
+def print_selection(selection: Selection, metric: str) -> None:
+    print(f"the top trials re-run with extra seeds ({metric}: the trial's score, then each extra seed's):")
+    for c in selection.ranking:
+        sem = f" +- {c.sem:.4f}" if math.isfinite(c.sem) else ""
+        print(f"  Optuna #{c.key}: mean {c.mean:.4f}{sem} over {len(c.scores)} ({', '.join(f'{v:.4f}' for v in c.scores)})")
+    print(f"pick: Optuna #{selection.winner.key}, {selection.verdict()}")
 
 
 def print_summary(outcome: dict[str, Any], metric: str) -> None:
@@ -362,6 +401,8 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
     if best is None:
         print("no trial completed; nothing to retrain")
     else:
+        if outcome.get("selection") is not None:
+            print_selection(outcome["selection"], metric)
         print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
         for key, value in sorted((outcome["best_config"] or {}).items()):
             print(f"  {key}: {value}")

@@ -57,3 +57,38 @@ def test_select_single_candidate_and_no_candidates():
     assert select({4: [0.9]}, "max").verdict() == "one candidate: no comparison"
     with pytest.raises(ValueError, match="no candidates"):
         select({}, "max")
+
+
+# -- the confirmation stage of study.launch, with the Tuner replaced by a stand-in ------------------
+def test_confirm_best_reruns_the_top_trials_with_extra_seeds_and_ranks_by_mean(monkeypatch):
+    from types import SimpleNamespace
+
+    import optuna
+
+    from study import launch
+
+    study = optuna.create_study(direction="maximize")
+    for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value, params={}, distributions={}, user_attrs={"config": {"lr": 0.001 * (number + 1), "seed": 0}}
+            )
+        )
+    rerun = {0.002: 0.92, 0.004: 0.96, 0.003: 0.95}  # trial 1 (0.97) falls back on its extra seed; trial 3 holds
+    asked = []
+
+    class FakeTuner:
+        def __init__(self, configs):
+            asked.extend(configs)
+
+        def fit(self):
+            return [SimpleNamespace(config=c, metrics={"val_recall_at_1": rerun[c["lr"]]}, error=None) for c in asked]
+
+    monkeypatch.setattr(launch, "confirmation_tuner", lambda settings, recorder, configs: FakeTuner(configs))
+    settings = SimpleNamespace(confirm_top=3, confirm_seeds=1, mode="max", metric="val_recall_at_1", space=SimpleNamespace(is_grid=False))
+    selection = launch.confirm_best(settings, study, recorder=None)
+    assert sorted((c["lr"], c["seed"]) for c in asked) == [(0.002, 1), (0.003, 1), (0.004, 1)]  # trials 1, 3, 2 with seed 0 + 1
+    assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.95, 0.945
+    assert selection.winner.scores == (0.96, 0.96)
+    settings.confirm_seeds = 0
+    assert launch.confirm_best(settings, study, recorder=None) is None

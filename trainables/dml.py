@@ -47,6 +47,21 @@ def _resources() -> tuple[int, float]:
     return max(1, int(assigned.get("CPU", 1))), float(assigned.get("GPU", 0.0))
 
 
+def _placement(device: str | None) -> tuple[str, dict[str, str]]:
+    """The trial's device (CUDA when Ray gave it a GPU) and where it runs; sets torch's threads to its CPUs."""
+    cpus, gpus = _resources()
+    torch.set_num_threads(cpus)
+    if device is None:
+        device = "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
+    where = {
+        "node": socket.gethostname(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "device": device,
+    }
+    return device, where
+
+
 def save_state(state: LadderState, folder: Path) -> None:
     """A trial checkpoint: the run's bundle, its prefix bundle (if taken) and its place on the ladder."""
     save_bundle(state.bundle, folder / BUNDLE_NAME)
@@ -80,16 +95,7 @@ def train_dml(
 ) -> None:
     """Ray Tune function trainable for one trial; ``budgets`` defaults to ``[config epochs]``."""
     train_config = TrainConfig.from_dict(dict(config), source="trial config")
-    cpus, gpus = _resources()
-    torch.set_num_threads(cpus)
-    if device is None:
-        device = "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
-    where = {
-        "node": socket.gethostname(),
-        "node_ip": ray.util.get_node_ip_address(),
-        "node_id": ray.get_runtime_context().get_node_id(),
-        "device": device,
-    }
+    device, where = _placement(device)
 
     # A deterministic failure (divergence, a corrupt image, a bad config) is not worth a retry:
     # the first attempt leaves a marker, and a retry stops at once with the same message.
