@@ -146,28 +146,61 @@ def async_halving(values: np.ndarray, eta: float, order: np.ndarray) -> np.ndarr
     return reached
 
 
+def stratified(halving, values: np.ndarray, strata: list[str], eta: float, *extra) -> np.ndarray:
+    """Apply ``halving`` to each stratum's configs apart (the budget scheduler's loss families)."""
+    reached = np.zeros(len(values), dtype=int)
+    for name in sorted(set(strata)):
+        members = np.array([i for i, s in enumerate(strata) if s == name])
+        if extra:  # an arrival order: keep its order within the stratum
+            order = [int(np.flatnonzero(members == i)[0]) for i in extra[0] if i in members]
+            reached[members] = halving(values[members], eta, np.array(order))
+        else:
+            reached[members] = halving(values[members], eta)
+    return reached
+
+
+def fidelity(values: np.ndarray, final: np.ndarray, budgets: list[int], strata: list[str]) -> dict:
+    """Spearman's rho between each rung and the final metric: over all configs, and within each stratum (size-weighted mean)."""
+    out = {}
+    for i, b in enumerate(budgets[:-1]):
+        within = {}
+        for name in sorted(set(strata)):
+            idx = [j for j, s in enumerate(strata) if s == name]
+            within[name] = (float(spearmanr(values[idx, i], final[idx]).statistic), len(idx))
+        weighted = sum(r * n for r, n in within.values()) / sum(n for _, n in within.values())
+        out[str(b)] = {"all": float(spearmanr(values[:, i], final).statistic), "within": weighted, "per_stratum": within}
+    return out
+
+
 def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) -> dict:
     final = rung_values(entries, budgets, metric, "budget")[:, -1]
     top3 = set(np.argsort(-final, kind="stable")[:3].tolist())
+    strata = [e["config"].get("loss", "softmax") for e in entries]
     prefixes = [schedule.shared_prefix(TrainConfig.from_dict({**e["config"], "epochs": b})) for e in entries[:1] for b in budgets]
     out = {"final": final.tolist(), "top3": sorted(top3), "schedulers": {}}
     rng = np.random.default_rng(0)
     orders = [rng.permutation(len(entries)) for _ in range(200)]
+    last = len(budgets) - 1
     for kind in ("asha", "budget"):
         values = rung_values(entries, budgets, metric, kind)
-        rho = {str(b): float(spearmanr(values[:, i], final).statistic) for i, b in enumerate(budgets[:-1])}
-        last = len(budgets) - 1
-        sync = sync_halving(values, eta)
-        asyncs = [async_halving(values, eta, order) for order in orders]
-        out["schedulers"][kind] = {
-            "spearman": rho,
-            "sync_top3_kept": int(sum(sync[i] == last for i in top3)),
-            "sync_epochs": int(sum(epoch_cost(r, budgets, prefixes, kind) for r in sync)),
-            "async_top3_kept_mean": float(np.mean([sum(a[i] == last for i in top3) for a in asyncs])),
-            "async_top3_all_kept_share": float(np.mean([all(a[i] == last for i in top3) for a in asyncs])),
-            "async_epochs_mean": float(np.mean([sum(epoch_cost(r, budgets, prefixes, kind) for r in a) for a in asyncs])),
-            "rung_values": values.tolist(),
-        }
+        rho = fidelity(values, final, budgets, strata)
+        for split in ("all together", "within loss families"):
+            if split == "all together":
+                sync, asyncs = sync_halving(values, eta), [async_halving(values, eta, o) for o in orders]
+            else:
+                sync = stratified(sync_halving, values, strata, eta)
+                asyncs = [stratified(async_halving, values, strata, eta, o) for o in orders]
+            out["schedulers"][f"{kind}, {split}"] = {
+                "kind": kind,
+                "spearman": {b: r["all" if split == "all together" else "within"] for b, r in rho.items()},
+                "spearman_detail": rho,
+                "sync_top3_kept": int(sum(sync[i] == last for i in top3)),
+                "sync_epochs": int(sum(epoch_cost(r, budgets, prefixes, kind) for r in sync)),
+                "async_top3_kept_mean": float(np.mean([sum(a[i] == last for i in top3) for a in asyncs])),
+                "async_top3_all_kept_share": float(np.mean([all(a[i] == last for i in top3) for a in asyncs])),
+                "async_epochs_mean": float(np.mean([sum(epoch_cost(r, budgets, prefixes, kind) for r in a) for a in asyncs])),
+                "rung_values": values.tolist(),
+            }
     out["all_epochs_full_budget"] = len(entries) * budgets[-1]
     return out
 
@@ -180,21 +213,30 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
         f"`python bench/rung_fidelity.py --configs {args.configs} --seed {args.seed}` on {result['machine']}; "
         f"{len(entries)} configurations, budgets {budgets}, eta {args.reduction_factor}, metric {args.metric} on the validation classes.",
         "",
-        "| scheduler | " + " | ".join(f"Spearman at rung {b}" for b in budgets[:-1]) + " | true top-3 kept (sync) | "
+        "| decisions on | compared | " + " | ".join(f"Spearman at rung {b}" for b in budgets[:-1]) + " | true top-3 kept (sync) | "
         "epochs (sync) | true top-3 kept (async, mean of 200 orders) | all 3 kept (async) | epochs (async) |",
-        "|---|" + "---|" * (len(budgets) - 1) + "---|---|---|---|---|",
+        "|---|---|" + "---|" * (len(budgets) - 1) + "---|---|---|---|---|",
     ]
-    for kind, s in result["schedulers"].items():
+    for name, s in result["schedulers"].items():
         rho = " | ".join(f"{s['spearman'][str(b)]:.3f}" for b in budgets[:-1])
+        what = "stock ASHA: mid-schedule epochs" if s["kind"] == "asha" else "budget: finished schedules"
         lines.append(
-            f"| {kind} | {rho} | {s['sync_top3_kept']}/3 | {s['sync_epochs']} | {s['async_top3_kept_mean']:.2f}/3 | "
+            f"| {what} | {name.split(', ')[1]} | {rho} | {s['sync_top3_kept']}/3 | {s['sync_epochs']} | {s['async_top3_kept_mean']:.2f}/3 | "
             f"{100 * s['async_top3_all_kept_share']:.0f} % | {s['async_epochs_mean']:.0f} |"
         )
     lines += ["", f"Every configuration at the full budget: {result['all_epochs_full_budget']} epochs.", ""]
+    detail = result["schedulers"]["budget, all together"]["spearman_detail"]
+    for b, r in detail.items():
+        per = ", ".join(f"{name} {rho:.3f} (n = {n})" for name, (rho, n) in r["per_stratum"].items())
+        asha = result["schedulers"]["asha, all together"]["spearman_detail"][b]["per_stratum"]
+        per_asha = ", ".join(f"{name} {rho:.3f}" for name, (rho, n) in asha.items())
+        lines.append(f"Spearman within loss families at rung {b}: budget {per}; stock ASHA {per_asha}.")
+    lines.append("")
     lines += ["| # | loss | final | " + " | ".join(f"asha@{b} | budget@{b}" for b in budgets[:-1]) + " |", "|---|---|---|" + "---|---|" * (len(budgets) - 1)]
     for i, e in enumerate(entries):
         cells = " | ".join(
-            f"{result['schedulers']['asha']['rung_values'][i][j]:.4f} | {result['schedulers']['budget']['rung_values'][i][j]:.4f}"
+            f"{result['schedulers']['asha, all together']['rung_values'][i][j]:.4f} | "
+            f"{result['schedulers']['budget, all together']['rung_values'][i][j]:.4f}"
             for j in range(len(budgets) - 1)
         )
         mark = " (top 3)" if i in result["top3"] else ""

@@ -124,9 +124,10 @@ class Progress(Callback):
         )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._line(
-            trials, f"{trial.trial_id} epoch {result.get('training_iteration')}: {self.metric} {result.get(self.metric, float('nan')):.4f}"
-        )
+        where = f"epoch {result.get('training_iteration')}"
+        if "budget" in result:  # a ladder of budgets: the epoch within the schedule of that budget
+            where = f"epoch {result.get('epoch')}/{result['budget']}"
+        self._line(trials, f"{trial.trial_id} {where}: {self.metric} {result.get(self.metric, float('nan')):.4f}")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = self._outcome(trial)

@@ -38,7 +38,7 @@ import optuna
 from study import records, tracking
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
-from study.selection import Selection, extra_seeds, select, top_complete, with_seed
+from study.selection import Selection, extra_seeds, select, selection_record, top_complete, with_seed
 from study.spaces import Space, SpaceError, load_space, parse_space
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -182,7 +182,13 @@ class StudySettings:
         """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers)."""
         from study.schedulers import make_early_stopping
 
-        return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor)
+        return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor, self.stratify_by)
+
+    @property
+    def stratify_by(self) -> str | None:
+        """The key whose values are compared apart by the budget scheduler: the loss family, when the space searches it."""
+        searched = {p.name for p in self.space.params} | set(self.space.grid)
+        return "loss" if "loss" in searched else None
 
     @property
     def experiment_dir(self) -> str:
@@ -195,6 +201,7 @@ class StudySettings:
             "space": self.space.path,
             "scheduler": self.scheduler,
             "budgets": " ".join(str(b) for b in self.early_stopping().budgets),
+            "stratify_by": self.stratify_by or "none",
             "grace_period": self.grace_period,
             "reduction_factor": self.reduction_factor,
             "max_concurrent": self.max_concurrent,
@@ -470,9 +477,10 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
     """A Tuner that trains ``configs`` at the full budget, no early stopping, recorded as ``confirmation`` runs."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
-    from ray.tune.search.basic_variant import BasicVariantGenerator
+    from ray.tune.search import ConcurrencyLimiter
 
     from study.callbacks import MlflowTrials, Progress
+    from study.search import FixedConfigs
 
     s = settings
     name = f"{s.name}-confirm"
@@ -484,7 +492,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
             metric=s.metric,
             mode=s.mode,
             num_samples=len(configs),
-            search_alg=BasicVariantGenerator(points_to_evaluate=configs, max_concurrent=s.max_concurrent),
+            search_alg=ConcurrencyLimiter(FixedConfigs(configs), max_concurrent=s.max_concurrent),
             scheduler=FIFOScheduler(),
         ),
         run_config=tune.RunConfig(
@@ -519,7 +527,9 @@ def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records
         n, value = jobs.get(json.dumps(result.config, sort_keys=True)), (result.metrics or {}).get(s.metric)
         if n is not None and result.error is None and is_finite_number(value):
             scores[n].append(float(value))
-    return select(scores, s.mode)
+    selection = select(scores, s.mode)
+    study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
+    return selection
 
 
 def run_study(settings: StudySettings) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from optuna.trial import TrialState
 
 from study import tracking
-from study.selection import Selection
+from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import UsageError, child_runs, first_error_line
 
 
@@ -283,6 +283,8 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
     With a ``selection`` (the top trials re-run with extra seeds), the best is its winner, not the single best score.
     """
     trials = study.get_trials(deepcopy=False)
+    if selection is None and "selection" in study.user_attrs:  # a study synced or finished again after its confirmation runs
+        selection = selection_from_record(study.user_attrs["selection"], mode)
     counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     best = None
@@ -361,12 +363,6 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     for key, value in metrics.items():
         client.log_metric(parent_id, key, float(value))
     client.set_terminated(parent_id, status="FINISHED")
-
-
-def selection_record(selection: Selection) -> dict[str, Any]:
-    """selection.json: the re-run candidates (Optuna numbers, scores, mean, standard error), the lead and the verdict."""
-    ranking = [{"trial": c.key, "scores": list(c.scores), "mean": c.mean, "sem": c.sem} for c in selection.ranking]
-    return {"ranking": ranking, "lead": selection.lead, "lead_in_se": selection.lead_in_se, "verdict": selection.verdict()}
 
 
 def print_selection(selection: Selection, metric: str) -> None:

@@ -7,6 +7,11 @@
   a rung's decision always sees the metric of a finished schedule. A promoted
   trial continues from its checkpoint before the tail, so a promotion costs only
   the epochs after it.
+  Trials are compared within their *stratum*, the value of one searched key
+  (the loss family by default): heated-up softmax learns more slowly than ICE
+  early on and catches up later, so judged against ICE at the first rung it
+  would lose trials that win at the full budget (docs/benchmarks.md, rung
+  fidelity).
 - ``asha``: stock ASHA on ``training_iteration``: trials are judged after b epochs
   of their full-budget schedule, before heating and the lr decay (the baseline).
 - ``fifo``: no early stopping; every trial trains its full budget.
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 
 from trainables.core.budgets import rung_budgets
 
@@ -32,22 +39,23 @@ class EarlyStopping:
     rungs: tuple[int, ...]  # where trials are judged (epochs of a finished schedule, or epochs trained)
 
 
-def make_early_stopping(kind: str, max_epochs: int, grace_period: int, reduction_factor: float) -> EarlyStopping:
-    """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs."""
-    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
-
+def make_early_stopping(
+    kind: str, max_epochs: int, grace_period: int, reduction_factor: float, stratify_by: str | None = None
+) -> EarlyStopping:
+    """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs; ``budget`` halves within ``stratify_by``."""
     if kind not in SCHEDULERS:
         raise ValueError(f"scheduler {kind!r}: expected one of {', '.join(SCHEDULERS)}")
     if kind == "fifo":
         return EarlyStopping(kind, FIFOScheduler(), (max_epochs,), ())
     rungs = tuple(rung_budgets(max_epochs, grace_period, reduction_factor)[:-1])
-    halving = AsyncHyperBandScheduler(
-        time_attr="completed_budget" if kind == "budget" else "training_iteration",
-        max_t=max_epochs,
-        grace_period=grace_period,
-        reduction_factor=reduction_factor,
-        brackets=1,
-    )
+    halving_args = {
+        "time_attr": "completed_budget" if kind == "budget" else "training_iteration",
+        "max_t": max_epochs,
+        "grace_period": grace_period,
+        "reduction_factor": reduction_factor,
+        "brackets": 1,
+    }
+    halving = StratifiedHalving(stratify_by, halving_args) if kind == "budget" else AsyncHyperBandScheduler(**halving_args)
     budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
     return EarlyStopping(kind, halving, budgets, rungs)
 
@@ -58,5 +66,50 @@ def describe(stopping: EarlyStopping) -> str:
         return "no early stopping"
     rungs = ", ".join(str(r) for r in stopping.rungs)
     if stopping.kind == "budget":
-        return f"budget-aware successive halving at budgets {rungs} (each a finished schedule)"
+        within = f", within each {stopping.scheduler.key}" if getattr(stopping.scheduler, "key", None) else ""
+        return f"budget-aware successive halving at budgets {rungs} (each a finished schedule{within})"
     return f"stock ASHA at epochs {rungs} of the full schedule"
+
+
+class StratifiedHalving(FIFOScheduler):
+    """Ray Tune's asynchronous successive halving, run separately for each value of ``config[key]``.
+
+    Each stratum (a loss family) has its own rungs and cutoffs, so a trial is only ever stopped for being
+    in the bottom of its own family. ``key=None``: one stratum, plain asynchronous successive halving.
+    """
+
+    def __init__(self, key: str | None, halving_args: dict[str, Any]) -> None:
+        super().__init__()
+        self.key, self.halving_args = key, dict(halving_args)
+        self.strata: dict[str, AsyncHyperBandScheduler] = {}
+        self.stratum_of: dict[str, str] = {}  # trial id -> stratum
+        self.search_properties: tuple[Any, Any] = (None, None)
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        super().set_search_properties(metric, mode, **spec)
+        self.search_properties = (metric, mode)
+        return all([sub.set_search_properties(metric, mode, **spec) for sub in self.strata.values()])
+
+    def _sub(self, trial) -> AsyncHyperBandScheduler:
+        if trial.trial_id not in self.stratum_of:
+            self.stratum_of[trial.trial_id] = str(trial.config.get(self.key)) if self.key else "all"
+        name = self.stratum_of[trial.trial_id]
+        if name not in self.strata:
+            self.strata[name] = AsyncHyperBandScheduler(**self.halving_args)
+            self.strata[name].set_search_properties(*self.search_properties)
+        return self.strata[name]
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._sub(trial).on_trial_add(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller, trial, result) -> str:
+        return self._sub(trial).on_trial_result(tune_controller, trial, result)
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        self._sub(trial).on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._sub(trial).on_trial_remove(tune_controller, trial)
+
+    def debug_string(self) -> str:
+        return "; ".join(f"{name}: {sub.debug_string()}" for name, sub in self.strata.items()) or "stratified halving"

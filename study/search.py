@@ -22,6 +22,7 @@ history.
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 from typing import Any
@@ -156,3 +157,35 @@ class OptunaSearcher(Searcher):
         stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
         self._live = {tid: trial for tid, trial in state["live"].items() if not stored[trial.number].state.is_finished()}
         self._reported = {tid: set(stored[trial.number].intermediate_values) for tid, trial in self._live.items()}
+
+
+class FixedConfigs(Searcher):
+    """Hands out ``configs`` in order, one per trial, then says FINISHED (the confirmation runs of a study).
+
+    Ray's BasicVariantGenerator needs every key of a preset point in the param space; this searcher gives
+    each trial exactly its config, whatever keys it has.
+    """
+
+    def __init__(self, configs: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.configs = [dict(c) for c in configs]
+        self.given: dict[str, int] = {}  # Tune trial id -> index in configs
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if trial_id not in self.given:
+            if len(self.given) >= len(self.configs):
+                return Searcher.FINISHED
+            self.given[trial_id] = len(self.given)
+        return dict(self.configs[self.given[trial_id]])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as f:
+            json.dump({"configs": self.configs, "given": self.given}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path) as f:
+            state = json.load(f)
+        self.configs, self.given = state["configs"], state["given"]

@@ -85,3 +85,14 @@ def select(scores: dict[int, Sequence[float]], mode: str) -> Selection:
     se = math.sqrt(first.sem**2 + second.sem**2)
     lead_in_se = lead / se if se > 0 else (math.inf if lead > 0 else float("nan"))
     return Selection(ranking, lead, lead_in_se)
+
+
+def selection_record(selection: Selection) -> dict[str, Any]:
+    """A JSON-able record of ``selection`` (selection.json, and the Optuna study's ``selection`` user attribute)."""
+    ranking = [{"trial": c.key, "scores": list(c.scores), "mean": c.mean, "sem": c.sem} for c in selection.ranking]
+    return {"ranking": ranking, "lead": selection.lead, "lead_in_se": selection.lead_in_se, "verdict": selection.verdict()}
+
+
+def selection_from_record(record: dict[str, Any], mode: str) -> Selection:
+    """The selection a record describes, recomputed from its scores."""
+    return select({int(entry["trial"]): entry["scores"] for entry in record["ranking"]}, mode)

@@ -234,3 +234,19 @@ def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
     assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(0.7)
     assert trial.intermediate_values == {1: 0.4, 3: 0.7}
     assert trial.user_attrs["epochs_trained"] == 4
+
+
+def test_fixed_configs_hand_out_each_config_once_and_survive_a_restore(tmp_path):
+    from ray.tune.search import Searcher
+
+    from study.search import FixedConfigs
+
+    configs = [{"loss": "ice", "ice_scale": 32.0, "seed": 1}, {"loss": "softmax", "alpha": 8.0, "seed": 1}]
+    searcher = FixedConfigs(configs)
+    assert searcher.suggest("a") == configs[0]
+    assert searcher.suggest("a") == configs[0]  # asked again for the same trial: the same config
+    searcher.save(str(tmp_path / "state.json"))
+    restored = FixedConfigs([])
+    restored.restore(str(tmp_path / "state.json"))
+    assert restored.suggest("b") == configs[1]
+    assert restored.suggest("c") == Searcher.FINISHED
