@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from study import launch
+from study import launch, tracking
 from study.search import open_storage
 
 pytestmark = pytest.mark.slow
@@ -66,6 +66,10 @@ def two_node_study(tmp_path_factory):
                 "two-nodes",
                 "--seed",
                 "3",
+                "--scheduler",  # the stock ASHA baseline: per-epoch rungs (the budget scheduler has its own tests below)
+                "asha",
+                "--confirm-seeds",
+                "0",
             ]
         )
         yield {"code": code, "runs": runs, "node_ids": node_ids}
@@ -205,3 +209,69 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     with pytest.raises(dataclasses.FrozenInstanceError):
         resumed.max_epochs = 4
     assert launch.study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"])).max_epochs == 2
+
+
+# -- the default scheduler: budget-aware successive halving, then confirmation runs -------------------
+@pytest.fixture(scope="module")
+def budget_study(tmp_path_factory):
+    """The smoke space with the defaults of study.launch: budgets 2 and 4 (grace 2, eta 2), top 2 re-run with 1 extra seed."""
+    runs = tmp_path_factory.mktemp("runs")
+    saved = {k: os.environ.get(k) for k in ("DML_RUNS_DIR", "MLFLOW_TRACKING_URI")}
+    os.environ["DML_RUNS_DIR"] = str(runs)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        argv = ["--space", "smoke", "--num-samples", "5", "--epochs", str(EPOCHS), "--grace-period", "2", "--reduction-factor", "2"]
+        code = launch.main([*argv, "--study-name", "budgets", "--seed", "1", "--confirm-top", "2"])
+        yield {"code": code, "runs": runs}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_budget_rungs_see_finished_schedules(budget_study):
+    assert budget_study["code"] == 0
+    client, _, children, study = study_records(budget_study["runs"], "budgets")
+    by_trial = {r.data.tags["trial_id"]: r for r in children}
+    for trial in study.trials:
+        run = by_trial[trial.user_attrs["tune_trial_id"]]
+        history = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in ("budget", "epoch", "lr", "alpha")}
+        assert sorted(history["budget"]) == list(range(1, len(history["budget"]) + 1))  # step = epochs trained, no duplicates
+        ends = [step for step in history["epoch"] if history["epoch"][step] == history["budget"][step]]
+        for step in ends:  # every decision point: the schedule of that budget has decayed the lr (step x 0.1) and heated alpha
+            assert history["lr"][step] == pytest.approx(trial.user_attrs["config"]["lr"] * 0.1)
+            if trial.user_attrs["config"]["loss"] == "softmax":
+                assert history["alpha"][step] == pytest.approx(4.0)  # the default heating_target
+        assert set(trial.intermediate_values) == {int(history["budget"][s]) for s in ends}  # Optuna: values at the budgets only
+        if trial.state.name == "COMPLETE":
+            assert set(trial.intermediate_values) == {2, EPOCHS} and trial.value == pytest.approx(trial.intermediate_values[EPOCHS])
+            assert trial.user_attrs["epochs_trained"] == 2 + (EPOCHS - 1)  # budget 4 continues after floor(0.75 x 2) = 1 epoch
+        else:
+            assert trial.state.name == "PRUNED" and set(trial.intermediate_values) == {2}
+
+
+def test_confirmation_runs_name_the_best_mean(budget_study):
+    import json
+
+    client, parent, _, study = study_records(budget_study["runs"], "budgets")
+    parent = parent[0]
+    confirmations = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="confirmation")
+    selection = json.loads(
+        open(
+            mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="selection.json", tracking_uri=client.tracking_uri)
+        ).read()
+    )
+    complete = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)
+    # the first trial of each loss family passes its rungs (nothing to compare with yet): both families, 2 complete at least
+    assert {t.user_attrs["config"]["loss"] for t in study.trials} == {"softmax", "ice"} and len(complete) >= 2
+    assert len(confirmations) == 2 and all(r.info.status == "FINISHED" for r in confirmations)
+    assert {e["trial"] for e in selection["ranking"]} == {t.number for t in complete[:2]}
+    means = [e["mean"] for e in selection["ranking"]]
+    assert means == sorted(means, reverse=True)
+    assert all(len(e["scores"]) == 2 for e in selection["ranking"])
+    winner = next(t for t in study.trials if t.number == selection["ranking"][0]["trial"])
+    assert parent.data.tags["best_trial"] == winner.user_attrs["tune_trial_id"]
+    assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
+    assert parent.data.tags["best_pick"] == selection["verdict"]
