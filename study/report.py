@@ -426,6 +426,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    tracking.configure_mlflow()
     try:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_reachable(uri)
