@@ -30,7 +30,9 @@ def wait_for(predicate, timeout: float, what: str):
 
 def epochs_logged(runs: Path, name: str) -> list[int]:
     db = runs / "mlflow.db"
-    if not db.exists():
+    # the driver creates the Optuna journal after MLflow's database is set up: opening a client on the database
+    # while the driver still migrates it would race with that migration
+    if not db.exists() or not (runs / "optuna" / "journal.log").exists():
         return []
     try:
         client = mlflow.MlflowClient(f"sqlite:///{db}")
