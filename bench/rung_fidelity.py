@@ -221,8 +221,8 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
         rho = " | ".join(f"{s['spearman'][str(b)]:.3f}" for b in budgets[:-1])
         what = "stock ASHA: mid-schedule epochs" if s["kind"] == "asha" else "budget: finished schedules"
         lines.append(
-            f"| {what} | {name.split(', ')[1]} | {rho} | {s['sync_top3_kept']}/3 | {s['sync_epochs']} | {s['async_top3_kept_mean']:.2f}/3 | "
-            f"{100 * s['async_top3_all_kept_share']:.0f} % | {s['async_epochs_mean']:.0f} |"
+            f"| {what} | {name.split(', ')[1]} | {rho} | {s['sync_top3_kept']}/3 | {s['sync_epochs']} | "
+            f"{s['async_top3_kept_mean']:.2f}/3 | {100 * s['async_top3_all_kept_share']:.0f} % | {s['async_epochs_mean']:.0f} |"
         )
     lines += ["", f"Every configuration at the full budget: {result['all_epochs_full_budget']} epochs.", ""]
     detail = result["schedulers"]["budget, all together"]["spearman_detail"]
@@ -232,7 +232,10 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
         per_asha = ", ".join(f"{name} {rho:.3f}" for name, (rho, n) in asha.items())
         lines.append(f"Spearman within loss families at rung {b}: budget {per}; stock ASHA {per_asha}.")
     lines.append("")
-    lines += ["| # | loss | final | " + " | ".join(f"asha@{b} | budget@{b}" for b in budgets[:-1]) + " |", "|---|---|---|" + "---|---|" * (len(budgets) - 1)]
+    lines += [
+        "| # | loss | final | " + " | ".join(f"asha@{b} | budget@{b}" for b in budgets[:-1]) + " |",
+        "|---|---|---|" + "---|---|" * (len(budgets) - 1),
+    ]
     for i, e in enumerate(entries):
         cells = " | ".join(
             f"{result['schedulers']['asha, all together']['rung_values'][i][j]:.4f} | "
@@ -245,7 +248,9 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--space", default="default")
     parser.add_argument("--configs", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1)

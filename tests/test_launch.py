@@ -32,15 +32,29 @@ def study_records(runs: Path, name: str, experiment: str = "dml-studies"):
     return client, parent, children, study
 
 
+def use_runs(runs: Path):
+    """Point study.launch at ``runs`` (module-scoped fixtures cannot use monkeypatch); returns the undo."""
+    saved = {k: os.environ.get(k) for k in ("DML_RUNS_DIR", "MLFLOW_TRACKING_URI")}
+    os.environ["DML_RUNS_DIR"] = str(runs)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    return restore
+
+
 @pytest.fixture(scope="module")
 def two_node_study(tmp_path_factory):
     """The smoke space on a simulated two-node Ray cluster (1 CPU each), run once for this module."""
     from ray.cluster_utils import Cluster
 
     runs = tmp_path_factory.mktemp("runs")
-    saved = {k: os.environ.get(k) for k in ("DML_RUNS_DIR", "MLFLOW_TRACKING_URI")}
-    os.environ["DML_RUNS_DIR"] = str(runs)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    restore = use_runs(runs)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -75,11 +89,7 @@ def two_node_study(tmp_path_factory):
         yield {"code": code, "runs": runs, "node_ids": node_ids}
     finally:
         cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore()
 
 
 def test_study_completes_on_both_nodes(two_node_study):
@@ -216,19 +226,13 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
 def budget_study(tmp_path_factory):
     """The smoke space with the defaults of study.launch: budgets 2 and 4 (grace 2, eta 2), top 2 re-run with 1 extra seed."""
     runs = tmp_path_factory.mktemp("runs")
-    saved = {k: os.environ.get(k) for k in ("DML_RUNS_DIR", "MLFLOW_TRACKING_URI")}
-    os.environ["DML_RUNS_DIR"] = str(runs)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    restore = use_runs(runs)
     try:
         argv = ["--space", "smoke", "--num-samples", "5", "--epochs", str(EPOCHS), "--grace-period", "2", "--reduction-factor", "2"]
         code = launch.main([*argv, "--study-name", "budgets", "--seed", "1", "--confirm-top", "2"])
         yield {"code": code, "runs": runs}
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore()
 
 
 def test_budget_rungs_see_finished_schedules(budget_study):
