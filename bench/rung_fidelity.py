@@ -88,7 +88,12 @@ def train_one(job: tuple[int, dict, list[int], str]) -> dict:
     return {"index": index, "config": values, "records": records, "seconds": time.time() - started}
 
 
-def value_at(entry: dict, budget: int, epoch: int, metric: str, full: int) -> float:
+def prefix_of(entry: dict, budget: int) -> int:
+    """``schedule.shared_prefix`` of the entry's configuration trained to ``budget``."""
+    return schedule.shared_prefix(TrainConfig.from_dict({**entry["config"], "epochs": budget}))
+
+
+def value_at(entry: dict, budget: int, epoch: int, metric: str) -> float:
     """The metric after ``epoch`` epochs of the schedule scaled to ``budget``.
 
     An epoch inside a schedule's constant prefix is the same for every budget
@@ -97,23 +102,19 @@ def value_at(entry: dict, budget: int, epoch: int, metric: str, full: int) -> fl
     for r in entry["records"]:
         if r["epoch"] != epoch:
             continue
-        same = r["budget"] == budget
-        prefix = schedule.shared_prefix(TrainConfig.from_dict({**entry["config"], "epochs": r["budget"]}))
-        shared = epoch <= prefix and epoch <= schedule.shared_prefix(TrainConfig.from_dict({**entry["config"], "epochs": budget}))
-        if same or shared:
+        if r["budget"] == budget or epoch <= min(prefix_of(entry, r["budget"]), prefix_of(entry, budget)):
             return float(r[metric])
     raise KeyError(f"configuration {entry['index']}: no record of budget {budget}, epoch {epoch}")
 
 
 def rung_values(entries: list[dict], budgets: list[int], metric: str, kind: str) -> np.ndarray:
     """(configs, rungs) metric at each rung: at the end of its own schedule (budget) or mid-schedule (asha)."""
-    full = budgets[-1]
-    table = [[value_at(e, b if kind == "budget" else full, b, metric, full) for b in budgets] for e in entries]
+    table = [[value_at(e, b if kind == "budget" else budgets[-1], b, metric) for b in budgets] for e in entries]
     return np.asarray(table)
 
 
 def epoch_cost(stopped_at: int, budgets: list[int], prefixes: list[int], kind: str) -> int:
-    """Epochs a trial stopped after rung ``stopped_at`` (index) has trained."""
+    """Epochs a trial stopped after rung ``stopped_at`` (index) has trained; ``prefixes``: its shared prefix per budget."""
     if kind == "asha":
         return budgets[stopped_at]
     return budgets[0] + sum(budgets[i] - prefixes[i - 1] for i in range(1, stopped_at + 1))
@@ -176,7 +177,7 @@ def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) ->
     final = rung_values(entries, budgets, metric, "budget")[:, -1]
     top3 = set(np.argsort(-final, kind="stable")[:3].tolist())
     strata = [e["config"].get("loss", "softmax") for e in entries]
-    prefixes = [schedule.shared_prefix(TrainConfig.from_dict({**e["config"], "epochs": b})) for e in entries[:1] for b in budgets]
+    prefixes = [[prefix_of(e, b) for b in budgets] for e in entries]  # per configuration: its schedule decides
     out = {"final": final.tolist(), "top3": sorted(top3), "schedulers": {}}
     rng = np.random.default_rng(0)
     orders = [rng.permutation(len(entries)) for _ in range(200)]
@@ -195,10 +196,10 @@ def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) ->
                 "spearman": {b: r["all" if split == "all together" else "within"] for b, r in rho.items()},
                 "spearman_detail": rho,
                 "sync_top3_kept": int(sum(sync[i] == last for i in top3)),
-                "sync_epochs": int(sum(epoch_cost(r, budgets, prefixes, kind) for r in sync)),
+                "sync_epochs": int(sum(epoch_cost(r, budgets, p, kind) for r, p in zip(sync, prefixes))),
                 "async_top3_kept_mean": float(np.mean([sum(a[i] == last for i in top3) for a in asyncs])),
                 "async_top3_all_kept_share": float(np.mean([all(a[i] == last for i in top3) for a in asyncs])),
-                "async_epochs_mean": float(np.mean([sum(epoch_cost(r, budgets, prefixes, kind) for r in a) for a in asyncs])),
+                "async_epochs_mean": float(np.mean([sum(epoch_cost(r, budgets, p, kind) for r, p in zip(a, prefixes)) for a in asyncs])),
                 "rung_values": values.tolist(),
             }
     out["all_epochs_full_budget"] = len(entries) * budgets[-1]

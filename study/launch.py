@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -178,8 +179,9 @@ class StudySettings:
     experiment: str
     resume: bool
 
+    @functools.cached_property
     def early_stopping(self):
-        """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers)."""
+        """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers), built once."""
         from study.schedulers import make_early_stopping
 
         return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor, self.stratify_by)
@@ -200,7 +202,7 @@ class StudySettings:
         return {
             "space": self.space.path,
             "scheduler": self.scheduler,
-            "budgets": " ".join(str(b) for b in self.early_stopping().budgets),
+            "budgets": " ".join(str(b) for b in self.early_stopping.budgets),
             "stratify_by": self.stratify_by or "none",
             "grace_period": self.grace_period,
             "reduction_factor": self.reduction_factor,
@@ -424,7 +426,7 @@ def trainable(settings: StudySettings, budgets: list[int] | None = None):
 
     from trainables.dml import train_dml
 
-    budgets = budgets or list(settings.early_stopping().budgets)
+    budgets = budgets or list(settings.early_stopping.budgets)
     return tune.with_resources(
         tune.with_parameters(train_dml, data_root=settings.data_root, budgets=budgets),
         {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial},
@@ -443,7 +445,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
     searcher = OptunaSearcher(
         s.space, s.optuna_storage, s.name, metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler
     )
-    scheduler = s.early_stopping().scheduler
+    scheduler = s.early_stopping.scheduler
     return tune.Tuner(
         trainable(s),
         tune_config=tune.TuneConfig(
@@ -551,7 +553,7 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
             tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
             print(
                 f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
-                f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping())}; "
+                f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping)}; "
                 f"Ray at {ray.get_runtime_context().gcs_address}",
                 flush=True,
             )

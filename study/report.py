@@ -29,10 +29,8 @@ import mlflow
 import numpy as np
 
 from study import plots, tracking
-from study.artifacts import (
-    optuna_plot,
-    study_artifacts,  # noqa: F401  re-exported until study.launch imports it from study.artifacts
-)
+from study.artifacts import optuna_plot
+from trainables.core.budgets import rung_budgets
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +73,8 @@ def rung_rank_correlation(curves: list[list[float]], rungs: list[int], final: in
 
 
 def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:
-    """The epochs at which ASHA compares trials: grace * factor^i below ``max_epochs``."""
-    rungs, rung = [], float(grace_period)
-    while round(rung) < max_epochs:
-        rungs.append(int(round(rung)))
-        rung *= reduction_factor
-    return rungs
+    """The epochs at which ASHA compares trials: grace * factor^i below ``max_epochs`` (trainables.core.budgets)."""
+    return rung_budgets(max_epochs, grace_period, reduction_factor)[:-1] if grace_period <= max_epochs else []
 
 
 def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> str:

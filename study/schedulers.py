@@ -37,6 +37,7 @@ class EarlyStopping:
     scheduler: Any  # a ray.tune.schedulers.TrialScheduler
     budgets: tuple[int, ...]  # the trainable's ladder; (epochs,) without budget-aware rungs
     rungs: tuple[int, ...]  # where trials are judged (epochs of a finished schedule, or epochs trained)
+    stratify_by: str | None = None  # the config key whose values are halved apart (budget only)
 
 
 def make_early_stopping(
@@ -57,7 +58,7 @@ def make_early_stopping(
     }
     halving = StratifiedHalving(stratify_by, halving_args) if kind == "budget" else AsyncHyperBandScheduler(**halving_args)
     budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
-    return EarlyStopping(kind, halving, budgets, rungs)
+    return EarlyStopping(kind, halving, budgets, rungs, stratify_by if kind == "budget" else None)
 
 
 def describe(stopping: EarlyStopping) -> str:
@@ -66,7 +67,7 @@ def describe(stopping: EarlyStopping) -> str:
         return "no early stopping"
     rungs = ", ".join(str(r) for r in stopping.rungs)
     if stopping.kind == "budget":
-        within = f", within each {stopping.scheduler.key}" if getattr(stopping.scheduler, "key", None) else ""
+        within = f", within each {stopping.stratify_by}" if stopping.stratify_by else ""
         return f"budget-aware successive halving at budgets {rungs} (each a finished schedule{within})"
     return f"stock ASHA at epochs {rungs} of the full schedule"
 

@@ -234,13 +234,17 @@ def post(url: str, payload: dict) -> tuple[int, dict]:
 def wait_for_ping(server: subprocess.Popen, port: int, log: Path, deadline_s: float = 300) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        assert server.poll() is None, f"mlflow models serve exited {server.returncode}:\n{log.read_text()[-3000:]}"
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
-            time.sleep(0.5)  # poll interval, not a wait for readiness
+            pass
+        try:  # between tries, wait on the server's own exit: a server that dies fails the test at once
+            server.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
+        pytest.fail(f"mlflow models serve exited {server.returncode}:\n{log.read_text()[-3000:]}")
     pytest.fail(f"no answer on /ping within {deadline_s} s:\n{log.read_text()[-3000:]}")
 
 

@@ -115,7 +115,7 @@ def fit_budgets(
                 completed_budget=budget if done else state.completed_budget,
                 bundle=bundle,
             )
-            extra = {"budget": budget, "epoch": epoch, **{k: v for k, v in state.to_dict().items() if k != "budget"}}
+            extra = {"budget": budget, "epoch": epoch, "epochs_trained": state.epochs_trained, "completed_budget": state.completed_budget}
             if done or len(budgets) == 1:
                 extra["objective_step"] = epoch
             on_epoch({**metrics, **extra}, state)
