@@ -251,18 +251,40 @@ def learning_curves(histories: dict[str, dict[int, float]], states: dict[str, st
     return ["## Validation metric against epoch", "", f"![learning curves]({path.name})", ""]
 
 
-def early_stopping(parent, histories: dict[str, dict[int, float]], metric: str) -> list[str]:
-    """Is early stopping trustworthy: the Spearman correlation of each ASHA rung's ranking with the last epoch's."""
+def finished_schedules(client, trials: list, histories: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """Per trial of a study with budget-aware rungs: {budget: the metric at the end of that budget's schedule}.
+
+    Its steps are epochs trained over every budget; a schedule ends where the logged ``epoch`` equals ``budget``.
+    """
+    out = {}
+    for r in trials:
+        key = _trial_key(r)
+        budget, epoch = _history(client, r.info.run_id, "budget"), _history(client, r.info.run_id, "epoch")
+        out[key] = {int(epoch[s]): v for s, v in histories.get(key, {}).items() if s in budget and budget[s] == epoch.get(s)}
+    return out
+
+
+def early_stopping(
+    parent, histories: dict[str, dict[int, float]], metric: str, ends: dict[str, dict[int, float]] | None = None
+) -> list[str]:
+    """Is early stopping trustworthy: the Spearman correlation of each rung's ranking with the full budget's.
+
+    ``ends`` (studies with budget-aware rungs): the value of each finished schedule, read at its budget instead of an epoch.
+    """
     params = parent.data.params
     max_epochs = int(params.get("epochs", 0))
     correlation = {}
     if max_epochs:
         rungs = asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
-        correlation = rung_rank_correlation([list(h.values()) for h in histories.values()], rungs, max_epochs)
+        curves = [list(h.values()) for h in histories.values()]
+        if ends is not None:  # dense by budget: a rung's value is its finished schedule's
+            curves = [[e.get(b, float("nan")) for b in range(1, max_epochs + 1)] for e in ends.values() if max_epochs in e]
+        correlation = rung_rank_correlation(curves, rungs, max_epochs)
+    at = "the end of each rung's schedule" if ends is not None else "each ASHA rung"
     lines = [
         "## Is early stopping trustworthy here?",
         "",
-        f"Spearman rank correlation between {metric} at each ASHA rung and at epoch {max_epochs}, over the trials that ran every epoch "
+        f"Spearman rank correlation between {metric} at {at} and at epoch {max_epochs}, over the trials that ran every epoch "
         "(few trials reach the end under ASHA, so read it with its n):",
         "",
         "| rung (epoch) | Spearman rho | trials |",
@@ -290,13 +312,14 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
     histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
     states = {_trial_key(r): r.data.tags.get("optuna_state", r.data.tags.get("trial_state", "?")) for r in trials}
+    budget_rungs = params.get("scheduler") == "budget"
     return [
         *study_header(parent, metric, mode),
         *top_trials(trials, histories, states, metric, mode, top),
         *best_config(client, parent, out),
         *importances(client, parent, out),
         *learning_curves(histories, states, metric, out),
-        *early_stopping(parent, histories, metric),
+        *early_stopping(parent, histories, metric, finished_schedules(client, trials, histories) if budget_rungs else None),
         *study_finals(client, parent, out),
     ]
 
