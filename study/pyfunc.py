@@ -42,7 +42,7 @@ from PIL import Image
 
 import study
 import trainables
-from trainables.core.checkpoint import load_bundle, save_bundle
+from trainables.core.checkpoint import CheckpointError, load_bundle, save_bundle
 from trainables.core.config import TrainConfig
 from trainables.core.data import ImageSet, as_uint8_images, preprocess_batch
 from trainables.core.engine import Run, build_model
@@ -71,8 +71,10 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
         self.kind, self.image_size = bundle["kind"], int(bundle["image_size"])
         config = self.config.replace(pretrained="none")  # the weights below replace any pretrained ones
         self.model = build_model(config, self.kind, self.image_size)
-        self.model.load_state_dict(bundle["model"])
+        self.model.load_state_dict(bundle["model"])  # with embedding_reduction=pca, also its fitted PCA (buffers)
         self.model.eval()
+        if self.model.pca is not None and not self.model.pca.is_fitted:
+            raise CheckpointError(f"{context.artifacts['bundle']}: embedding_reduction=pca, but the model holds no fitted PCA")
 
     # np.ndarray is the hint MLflow documents as "no validation from type hints": the signature below
     # describes the input, and as_uint8_images checks it. What arrives is {"images": array} from MLflow

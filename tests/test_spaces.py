@@ -79,7 +79,7 @@ def in_range(space: Space, suggested: dict) -> None:
 
 def test_shipped_spaces_are_the_documented_ones():
     studies = {"default", "heated_softmax", "ice", "paper_ablation", "smoke"}
-    reproductions = {"repro_alpha", "repro_learnable_alpha", "repro_ice_scale", "repro_ice_batch", "repro_mean_proxy"}
+    reproductions = {"repro_alpha", "repro_learnable_alpha", "repro_ice_scale", "repro_ice_batch", "repro_mean_proxy", "repro_reduction"}
     assert set(SHIPPED) == studies | reproductions
     # the reproduction spaces are grids of fixed configurations, trained by study.final --space
     assert all(load_space(SHIPPED[name]).is_grid for name in reproductions)

@@ -1,7 +1,9 @@
 """Self-describing checkpoint bundles.
 
 A bundle is one ``torch.save`` d dict of tensors and plain Python values:
-the resolved config, the epoch it was written after, the model, loss
+the resolved config, the epoch it was written after, the model (with
+``embedding_reduction=pca``, its state dict holds the fitted PCA: ``pca.mean``,
+``pca.components``, ``pca.explained_variance``, ``pca.fitted``), loss
 (classifier and alpha), optimizer and sampler states, every RNG state, and
 what is needed to rebuild the model without the dataset (number of classes,
 image kind and size, input channels). It is always read back with

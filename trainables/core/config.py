@@ -53,7 +53,10 @@ class TrainConfig:
     embedding_dim: int = 64
     backbone: str = "small_cnn"
     pretrained: str = "none"  # none | imagenet | path to a local weights file
-    dropout: float = 0.0
+    # embedding reduction (001_df21db8a9bc1b516, sec. 3.1, Fig. 3): fc (FCR1) | fc_dropout (FCR2,
+    # dropout rate `dropout` after the FC layer) | pca (PCA of the pool features, fitted after training)
+    embedding_reduction: str = "fc"
+    dropout: float = 0.0  # the dropout of embedding_reduction=fc_dropout; 0 otherwise
     # optimization
     optimizer: str = "adam"
     lr: float = 1e-3
@@ -107,7 +110,7 @@ class TrainConfig:
         # needs torch; importing config alone stays cheap and free of cycles.
         from .data import DATASETS
         from .losses import LOSSES
-        from .models import BACKBONES, NORMALIZATIONS
+        from .models import BACKBONES, NORMALIZATIONS, REDUCTIONS
         from .optimizers import OPTIMIZERS
 
         for key, choices in (
@@ -117,6 +120,7 @@ class TrainConfig:
             ("normalization", tuple(NORMALIZATIONS)),
             ("optimizer", tuple(OPTIMIZERS)),
             ("backbone", tuple(BACKBONES)),
+            ("embedding_reduction", REDUCTIONS),
             ("dataset", tuple(DATASETS)),
         ):
             if getattr(self, key) not in choices:
@@ -137,6 +141,19 @@ class TrainConfig:
             raise bad("momentum", "a number in [0, 1)")
         if not 0 <= self.dropout < 1:
             raise bad("dropout", "a probability in [0, 1)")
+        if self.embedding_reduction == "fc_dropout" and self.dropout == 0:
+            raise bad("dropout", "a probability in (0, 1) with embedding_reduction=fc_dropout (FCR2's dropout layer)")
+        if self.embedding_reduction != "fc_dropout" and self.dropout > 0:
+            raise ConfigError(
+                f"{source}: dropout={self.dropout!r} applies only to the dropout layer of embedding_reduction=fc_dropout "
+                f"(FCR2 of 001_df21db8a9bc1b516); expected embedding_reduction: fc_dropout, or dropout: 0 with "
+                f"embedding_reduction={self.embedding_reduction}"
+            )
+        if self.embedding_reduction == "pca" and self.normalization == "bn":
+            raise ConfigError(
+                f"{source}: normalization='bn' with embedding_reduction=pca is not allowed: the PCA is applied before "
+                "the normalization and bn's statistics are of the unreduced features; expected normalization l2 or none"
+            )
         if not 0 < self.val_fraction < 1:
             raise bad("val_fraction", "a fraction in (0, 1)")
         if self.classes_per_batch < 2:

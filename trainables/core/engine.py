@@ -16,7 +16,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -229,7 +229,23 @@ def build_model(config: TrainConfig, kind: str, image_size: int) -> EmbeddingNet
         image_size=image_size,
         pretrained=config.pretrained,
         dropout=config.dropout,
+        reduction=config.embedding_reduction,
     )
+
+
+def fit_reduction(run: Run, num_workers: int = 0) -> None:
+    """With embedding_reduction=pca, fit the model's PCA on the pool features of ``run.train_set``.
+
+    001_df21db8a9bc1b516, sec. 3.1 and Fig. 3a: the features of the training
+    images (the fit classes in a study, all training classes in a final run;
+    no augmentation) are reduced by PCA. Called before every evaluation, so
+    the metrics and the checkpoint after the last epoch are of the PCA fitted
+    at the end of training. Other reductions are trained layers: nothing to do.
+    """
+    if run.model.pca is None:
+        return
+    features = embed(run.model.backbone, run.train_set, run.image_size, run.device, num_workers=num_workers)
+    run.model.pca.fit(features.to(run.device))
 
 
 def build_run(
@@ -261,7 +277,8 @@ def build_run(
             f"{'fit' if mode == 'study' else 'training'} classes of {config.dataset!r}; expected at most {len(classes)}"
         )
     model = build_model(config, train_set.kind, image_size).to(device)
-    loss_fn = build_loss(config, len(classes)).to(device)
+    # the loss sees the train-mode features: the pool features with embedding_reduction=pca
+    loss_fn = build_loss(replace(config, embedding_dim=model.train_dim), len(classes)).to(device)
     new_ids = {id(p) for layer in model.new_layers() for p in layer.parameters()}
     base = [p for p in model.parameters() if id(p) not in new_ids]
     new = [p for p in model.parameters() if id(p) in new_ids] + list(loss_fn.parameters())
@@ -329,6 +346,7 @@ def fit(
         run.epoch = epoch + 1
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
             tick = time.perf_counter()
+            fit_reduction(run, num_workers)
             metrics.update(
                 evaluate(
                     run.model,

@@ -1,8 +1,12 @@
 """Backbones, the embedding head and feature normalization.
 
-``EmbeddingNet`` = backbone -> (dropout) -> linear embedding -> feature
-normalization. The embedding head is FCR1 (a linear layer) or, with dropout,
-FCR2 of 001_df21db8a9bc1b516 (sec. 3). Feature normalization follows
+``EmbeddingNet`` = backbone -> embedding reduction -> feature normalization.
+The reduction (config ``embedding_reduction``, :data:`REDUCTIONS`) is one of the
+three of 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3: ``fc`` (FCR1, Fig. 3b: a
+trained linear layer), ``fc_dropout`` (FCR2, Fig. 3c: the linear layer followed
+by dropout) or ``pca`` (Fig. 3a: the network trains on the pool features, and
+a PCA fitted on the training images' pool features reduces them to
+``embedding_dim`` at evaluation, before the normalization). Feature normalization follows
 000_4178e6910e81cd2f sec. 3.3: ``none`` (SM), ``l2`` (LN) or ``bn`` (BN, eq. 7:
 batch norm without learned scale, divided by sqrt(d), so features have norm
 close to 1).
@@ -24,6 +28,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +173,67 @@ NORMALIZATIONS: dict[str, Callable[[int], nn.Module]] = {
 }
 
 
+class PCAReduction(nn.Module):
+    """PCA of 001_df21db8a9bc1b516 (sec. 3.1, Fig. 3a): (B, in_dim) -> (B, out_dim), y = (x - mean) @ components.T.
+
+    :meth:`fit` takes the pool features of the training images; the fitted
+    ``mean`` (in_dim,), ``components`` (out_dim, in_dim) (orthonormal rows, in
+    order of decreasing variance) and ``explained_variance`` (out_dim,) are
+    buffers, so the model's state dict (checkpoint, logged model) carries them.
+    Not whitened, as scikit-learn's PCA by default. Each component's sign makes
+    its entry of largest magnitude positive, so refits of the same data agree.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        if not 1 <= out_dim <= in_dim:
+            raise ValueError(f"PCA to {out_dim} dimensions of {in_dim}-dimensional features; expected 1 <= out_dim <= {in_dim}")
+        self.register_buffer("mean", torch.zeros(in_dim))
+        self.register_buffer("components", torch.zeros(out_dim, in_dim))
+        self.register_buffer("explained_variance", torch.zeros(out_dim))
+        self.register_buffer("fitted", torch.tensor(False))
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.fitted)
+
+    @torch.no_grad()
+    def fit(self, features: torch.Tensor) -> PCAReduction:
+        """Fit on features (N, in_dim), N > out_dim; computed in float64 by SVD of the centered features."""
+        out_dim, in_dim = self.components.shape
+        if features.ndim != 2 or features.shape[1] != in_dim or features.shape[0] <= out_dim:
+            raise ValueError(f"PCA fit needs features (N, {in_dim}) with N > {out_dim}; got {tuple(features.shape)}")
+        x = features.detach().to(torch.float64)
+        mean = x.mean(0)
+        _, singular, vt = torch.linalg.svd(x - mean, full_matrices=False)
+        vt = vt[:out_dim]
+        signs = torch.sign(vt.gather(1, vt.abs().argmax(1, keepdim=True)))
+        self.mean.copy_(mean)
+        self.components.copy_(vt * signs)
+        self.explained_variance.copy_(singular[:out_dim] ** 2 / (len(x) - 1))
+        self.fitted.fill_(True)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.is_fitted:
+            raise RuntimeError("embedding_reduction=pca: the PCA is not fitted yet (engine.fit_reduction fits it on the training images)")
+        with torch.autocast(x.device.type, enabled=False):  # float32 even under bf16 autocast
+            return (x.float() - self.mean.float()) @ self.components.float().T
+
+
+# config.embedding_reduction values: 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3
+REDUCTIONS = ("fc", "fc_dropout", "pca")
+
+
 class EmbeddingNet(nn.Module):
-    """images (B, C, S, S) -> features (B, embedding_dim), normalized as configured."""
+    """images (B, C, S, S) -> features (B, embedding_dim), normalized as configured.
+
+    With ``reduction="pca"`` the train-mode output is the normalized pool
+    features (B, ``train_dim`` = backbone.out_dim), on which the loss trains;
+    the eval-mode output is the normalized PCA of the pool features (B,
+    embedding_dim), which needs ``pca.fit`` first. For ``fc`` and
+    ``fc_dropout`` both are (B, embedding_dim).
+    """
 
     def __init__(
         self,
@@ -180,16 +245,37 @@ class EmbeddingNet(nn.Module):
         image_size: int = 224,
         pretrained: str = "none",
         dropout: float = 0.0,
+        reduction: str = "fc",
     ) -> None:
         super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={reduction!r}; expected one of {', '.join(REDUCTIONS)}")
         self.backbone = Backbone(backbone, in_channels, image_size, pretrained)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.embed = nn.Linear(self.backbone.out_dim, embedding_dim)
-        self.normalize = NORMALIZATIONS[normalization](embedding_dim)
+        self.reduction = reduction
+        self.pca: PCAReduction | None = None
+        if reduction == "pca":
+            if embedding_dim > self.backbone.out_dim:
+                raise ConfigError(
+                    f"embedding_dim={embedding_dim} with embedding_reduction=pca: PCA cannot add dimensions to the "
+                    f"{self.backbone.out_dim} pool features of {backbone!r}; expected embedding_dim <= {self.backbone.out_dim}"
+                )
+            self.embed: nn.Module = nn.Identity()
+            self.pca = PCAReduction(self.backbone.out_dim, embedding_dim)
+            self.train_dim = self.backbone.out_dim
+        else:
+            self.embed = nn.Linear(self.backbone.out_dim, embedding_dim)
+            self.train_dim = embedding_dim
+        # FCR2 (Fig. 3c): dropout after the FC reduction layer
+        self.dropout = nn.Dropout(dropout) if reduction == "fc_dropout" and dropout > 0 else nn.Identity()
+        # l2 and none do not depend on the dimension; bn (refused with pca by TrainConfig) would
+        self.normalize = NORMALIZATIONS[normalization](self.train_dim)
 
     def new_layers(self) -> list[nn.Module]:
         """Layers the backbone did not have (they get lr x new_layer_lr_mult)."""
         return [self.embed, self.normalize]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.normalize(self.embed(self.dropout(self.backbone(x))))
+        features = self.backbone(x)
+        if self.pca is not None and not self.training:
+            return self.normalize(self.pca(features))
+        return self.normalize(self.dropout(self.embed(features)))
