@@ -40,13 +40,13 @@ STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialS
 
 
 def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
-    """``journal:PATH`` for a journal file (safe with concurrent writers), else an RDB URL; a storage object as it is."""
+    """``journal:PATH`` for a journal file (safe with concurrent writers and torn writes), else an RDB URL; a storage object as it is."""
     if isinstance(storage, optuna.storages.BaseStorage):
         return storage
     if storage.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend
+        from study.journal import RepairingJournalBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(storage.removeprefix("journal:")))
+        return optuna.storages.JournalStorage(RepairingJournalBackend(storage.removeprefix("journal:")))
     return optuna.storages.RDBStorage(storage)
 
 

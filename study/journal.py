@@ -1,0 +1,143 @@
+"""Optuna's journal file, made to survive a torn write.
+
+Optuna's ``JournalFileBackend`` appends each batch of records as JSON lines.
+When the writer dies mid-write, or the disk fills, the file ends in a partial
+line. Optuna's reader skips it, but the next append lands straight after it,
+so the partial line and a good record share one line, and from then on every
+read fails with ``JSONDecodeError``.
+
+``RepairingJournalBackend`` closes both ends of that:
+
+- before each append, under the journal's lock, a torn tail (bytes after the
+  last newline) is cut off, so a new record always starts a line;
+- when the backend is opened, a journal an older writer already glued
+  together is repaired: in each line that does not parse, the torn prefix is
+  dropped and the complete record after it kept (``repair``).
+
+What is cut off is kept in ``<journal>.torn`` for inspection, never silently
+thrown away. No reader ever saw a torn record (Optuna's reader skips it), so
+dropping it changes nothing any process has acted on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 16
+
+
+def tail_start(fh) -> int:
+    """The offset just after the last newline of the open binary file ``fh`` (0 when it has none)."""
+    end = fh.seek(0, os.SEEK_END)
+    position = end
+    while position > 0:
+        step = min(CHUNK, position)
+        position -= step
+        fh.seek(position)
+        block = fh.read(step)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+    return 0
+
+
+def keep_torn(path: str, data: bytes) -> None:
+    """Appends bytes cut from the journal to ``<journal>.torn``."""
+    if data:
+        with open(path + ".torn", "ab") as fh:
+            fh.write(data + b"\n")
+
+
+def cut_torn_tail(path: str) -> int:
+    """Cuts a partial last line off the journal ``path``; returns the bytes cut (kept in ``<path>.torn``)."""
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        start = tail_start(fh)
+        if start == end:
+            return 0
+        fh.seek(start)
+        keep_torn(path, fh.read())
+        fh.truncate(start)
+        fh.flush()
+        os.fsync(fh.fileno())
+    log.warning("the Optuna journal %s ended in a torn record (%d bytes): cut off, kept in %s.torn", path, end - start, path)
+    return end - start
+
+
+def parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def salvage(line: bytes) -> tuple[bytes, bytes]:
+    """A line holding a torn record glued to a complete one: (the complete record, the torn bytes before it)."""
+    for start in range(1, len(line)):
+        if line[start : start + 1] == b"{" and parses(line[start:]):
+            return line[start:], line[:start]
+    return b"", line
+
+
+def repair(path: str) -> int:
+    """Rewrites a journal whose lines do not all parse (each keeps its complete record); returns the bytes dropped."""
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    tail = lines.pop()  # after the last newline: b"" or a torn tail, cut before the next append
+    bad = [i for i, line in enumerate(lines) if not parses(line)]
+    if not bad:
+        return 0
+    dropped = []
+    for i in bad:
+        lines[i], torn = salvage(lines[i])
+        dropped.append(torn)
+    kept = [line for line in lines if line]
+    temporary = path + ".repairing"
+    with open(temporary, "wb") as fh:
+        fh.write(b"".join(line + b"\n" for line in kept) + tail)
+        fh.flush()
+        os.fsync(fh.fileno())
+    keep_torn(path, b"\n".join(dropped))
+    os.replace(temporary, path)
+    size = sum(len(d) for d in dropped)
+    log.warning("repaired the Optuna journal %s: %d torn record(s), %d bytes, moved to %s.torn", path, len(bad), size, path)
+    return size
+
+
+class RepairingJournalBackend(JournalFileBackend):
+    """Optuna's journal file backend that never appends after a torn record (see the module's docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = JournalFileSymlinkLock(path)  # Optuna's default lock, so other Optuna writers agree with it
+        super().__init__(path, lock_obj=self.lock)
+        with self.locked():
+            repair(path)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The journal's lock (the one Optuna's own appends take), held for the body."""
+        self.lock.acquire()  # waits; breaks a lock left by a killed writer after its grace period
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in logs).encode("utf-8")
+        with self.locked():
+            cut_torn_tail(self.path)
+            with open(self.path, "ab") as fh:
+                fh.write(data)  # one write of whole lines
+                fh.flush()
+                os.fsync(fh.fileno())
+
