@@ -147,8 +147,16 @@ def isolated_layers(model: nn.Module, images: torch.Tensor, repeats: int) -> lis
             fwd_bwd()
         flops = int(counter.get_total_flops())
         seconds = timed(fwd_bwd, repeats)
-        rows.append({"layer": name, "kind": type(layer).__name__, "input": list(shape), "flops": flops, "seconds": seconds,
-                     "gflop_s": flops / seconds / 1e9})  # fmt: skip
+        rows.append(
+            {
+                "layer": name,
+                "kind": type(layer).__name__,
+                "input": list(shape),
+                "flops": flops,
+                "seconds": seconds,
+                "gflop_s": flops / seconds / 1e9,
+            }
+        )
     return rows
 
 
@@ -208,8 +216,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     batches = real_batches(run, 8)
     images, labels = batches[0]
     flops, by_op = step_flops(run, images, labels)
-    result: dict[str, Any] = {"batch": len(labels), "image_shape": list(images.shape[1:]), "step_flops": flops, "flops_by_op": by_op,
-                              "per_threads": {}}  # fmt: skip
+    result: dict[str, Any] = {
+        "batch": len(labels),
+        "image_shape": list(images.shape[1:]),
+        "step_flops": flops,
+        "flops_by_op": by_op,
+        "per_threads": {},
+    }
     for threads in args.threads:
         torch.set_num_threads(threads)
         print(f"threads {threads}: isolated layers and GEMM", flush=True)
@@ -259,8 +272,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(), "commit": commit,
-            "cuda": torch.cuda.is_available(), "loadavg": os.getloadavg(), "nice": os.nice(0)}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
+        "cuda": torch.cuda.is_available(),
+        "loadavg": os.getloadavg(),
+        "nice": os.nice(0),
+    }
 
 
 def markdown(payload: dict[str, Any]) -> str:
@@ -286,7 +307,8 @@ def markdown(payload: dict[str, Any]) -> str:
         out.append(
             f"| {threads} | {e['gemm1024_gflop_s']:.1f} | {e['bound_gflop_s']:.1f} | {e['bound_images_s']:.0f} | "
             f"{g['train_images_s']:.0f} | {g['compute_images_s']:.0f} | {g['train_fraction_of_bound']:.2f} | "
-            f"{g['compute_fraction_of_bound']:.2f} | {g['compute_fraction_of_gemm_peak']:.2f} | {s['epoch_s']:.2f} = {s['data_s']:.2f} + {s['compute_s']:.2f} + {s['eval_s']:.2f} |"
+            f"{g['compute_fraction_of_bound']:.2f} | {g['compute_fraction_of_gemm_peak']:.2f} | "
+            f"{s['epoch_s']:.2f} = {s['data_s']:.2f} + {s['compute_s']:.2f} + {s['eval_s']:.2f} |"
         )
     out += ["", "Compute-step variants (forward, loss, backward, Adam) on the same pre-loaded batches, median step:", ""]
     out += ["| threads | variant | images/s | / eager | / bound | compile s |", "|---|---|---|---|---|---|"]

@@ -115,9 +115,17 @@ def launch(study: str, variant: str, args: argparse.Namespace, workdir: Path) ->
         tail = "\n".join(text for _, text in lines[-30:])
         raise RuntimeError(f"{study}/{name}: study.launch exited with {process.returncode}:\n{tail}")
     fit_at = next((t for t, text in lines if text.startswith(f"study {study_name}:")), None)
-    return {"study": study, "variant": name, "spec": variant.partition("=")[2], "study_name": study_name, "paths": paths,
-            "process_start": started, "process_end": ended, "fit_at": fit_at,
-            "summary_lines": [text for _, text in lines if text.startswith(("study ", "utilization"))]}  # fmt: skip
+    return {
+        "study": study,
+        "variant": name,
+        "spec": variant.partition("=")[2],
+        "study_name": study_name,
+        "paths": paths,
+        "process_start": started,
+        "process_end": ended,
+        "fit_at": fit_at,
+        "summary_lines": [text for _, text in lines if text.startswith(("study ", "utilization"))],
+    }
 
 
 def result_pids(storage: str, study_name: str) -> dict[str, set[int]]:
@@ -171,19 +179,21 @@ def measure(run: dict[str, Any], slots: int | None = None) -> dict[str, Any]:
         reports = [m.timestamp / 1000 for m in history]
         seconds = [m.value for m in history]
         gaps = [reports[i] - reports[i - 1] - seconds[i] for i in range(1, len(reports))]
-        trials.append({
-            "kind": kind,
-            "trial_id": trial_id,
-            "epochs": len(history),
-            "in_trial_s": sum(seconds),
-            "start": start,
-            "first_report": reports[0],
-            "worker_wait_s": start - asked[trial_id] if trial_id in asked else None,
-            "setup_s": reports[0] - start - seconds[0],
-            "between_epochs_s": sum(gaps),
-            "tail_s": end - reports[-1] if end else None,
-            "span_s": (end or reports[-1]) - start,
-        })  # fmt: skip
+        trials.append(
+            {
+                "kind": kind,
+                "trial_id": trial_id,
+                "epochs": len(history),
+                "in_trial_s": sum(seconds),
+                "start": start,
+                "first_report": reports[0],
+                "worker_wait_s": start - asked[trial_id] if trial_id in asked else None,
+                "setup_s": reports[0] - start - seconds[0],
+                "between_epochs_s": sum(gaps),
+                "tail_s": end - reports[-1] if end else None,
+                "span_s": (end or reports[-1]) - start,
+            }
+        )
         by_kind[kind] = by_kind.get(kind, 0.0) + sum(seconds)
     search = [t for t in trials if t["kind"] == "trial"]
     pids = result_pids(run["paths"]["storage"], run["study_name"])
@@ -205,8 +215,10 @@ def measure(run: dict[str, Any], slots: int | None = None) -> dict[str, Any]:
         "startup_s": startup_s,
         "fit_to_first_trial_s": min(t["start"] for t in trials) - fit_at if trials and fit_at else None,
         "fit_to_first_report_s": min(t["first_report"] for t in trials) - fit_at if trials and fit_at else None,
-        "per_trial": {key: mean([t[key] for t in search if t[key] is not None]) for key in
-                      ("worker_wait_s", "setup_s", "between_epochs_s", "tail_s", "in_trial_s", "span_s", "epochs")},  # fmt: skip
+        "per_trial": {
+            key: mean([t[key] for t in search if t[key] is not None])
+            for key in ("worker_wait_s", "setup_s", "between_epochs_s", "tail_s", "in_trial_s", "span_s", "epochs")
+        },
         "worker_processes": len({p for s in pids.values() for p in s}),
         "tune_trials": len(pids),
         "launch_summary": run["summary_lines"],
