@@ -161,12 +161,14 @@ def epochs_from_results(results: Iterable[Any]) -> dict[str, list[dict[str, floa
 
 
 def epochs_from_mlflow(
-    client, experiment_id: str, parent_run_id: str, kinds: Iterable[str] = TRIAL_KINDS
+    client, experiment_id: str, parent_run_id: str, kinds: Iterable[str] = TRIAL_KINDS, since: float | None = None
 ) -> dict[str, list[dict[str, float]]]:
     """Child run id -> its epochs' timings, from the MLflow child runs of a study's parent run (public MlflowClient API).
 
     Each timing's history is read in full (one value per logged step). A step logged before a
     restart is not logged again (``TrialRecorder``), so a retried epoch counts once here.
+    ``since`` (seconds since the epoch) keeps the epochs logged from then on: a resumed study's
+    own session, whose wall time does not hold the epochs trained before the interruption.
     """
     kinds = set(kinds)
     # filtered by parent only: the kinds are checked here (OR in filter strings is not supported by every MLflow store)
@@ -178,8 +180,11 @@ def epochs_from_mlflow(
         by_step: dict[int, dict[str, float]] = {}
         for key in (k for k in run.data.metrics if k in SPELLINGS):
             for point in client.get_metric_history(run.info.run_id, key):
+                if since is not None and point.timestamp < since * 1000:
+                    continue
                 by_step.setdefault(int(point.step), {}).update(epoch_times({key: point.value}))
-        out[run.info.run_id] = [by_step[step] for step in sorted(by_step)]
+        if by_step:
+            out[run.info.run_id] = [by_step[step] for step in sorted(by_step)]
     return out
 
 

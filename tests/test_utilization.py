@@ -86,7 +86,8 @@ class FakeMlflow:
         ]
 
     def get_metric_history(self, run_id, key):
-        return [SimpleNamespace(step=step, value=value) for step, value in self.runs[run_id][1][key]]
+        # logged at time 1000 s + step (milliseconds in MLflow)
+        return [SimpleNamespace(step=step, value=value, timestamp=(1000 + step) * 1000) for step, value in self.runs[run_id][1][key]]
 
 
 def test_epochs_from_mlflow_sums_each_child_runs_history():
@@ -103,6 +104,8 @@ def test_epochs_from_mlflow_sums_each_child_runs_history():
     result = u.study_utilization(epochs, wall_s=20.0, slots=2)
     assert result.in_trial_s == 33.0 and result.utilization == pytest.approx(33.0 / 40.0)
     assert sorted(u.epochs_from_mlflow(client, "0", "parent", kinds=("trial",))) == ["r1"]
+    # a resumed session from t = 1002 s on: only r1's second epoch was trained in it
+    assert u.epochs_from_mlflow(client, "0", "parent", since=1002.0) == {"r1": [{"epoch_s": 11.0}]}
 
 
 def test_spans_from_optuna_by_hand():
