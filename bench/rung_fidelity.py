@@ -45,7 +45,7 @@ from trainables.core import schedule  # noqa: E402
 from trainables.core.budgets import fit_budgets, rung_budgets  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402
 
-KEPT = ("val_recall_at_1", "val_map_at_r", "alpha", "lr", "train_loss", "time_epoch_s")
+KEPT = ("val_recall_at_1", "val_map_at_r", "alpha_now", "lr_now", "train_loss", "time/epoch_s")
 
 
 def draw_configs(space_name: str, n: int, seed: int) -> list[dict]:

@@ -172,7 +172,7 @@ def train_direct(config, data_root: str | None) -> dict[str, Any]:
     return {
         "epochs": epochs,
         "report_times": marks,
-        "setup_s": marks[0] - started - epochs[0]["time_epoch_s"],  # data, model, optimizer before epoch 1
+        "setup_s": marks[0] - started - epochs[0]["time/epoch_s"],  # data, model, optimizer before epoch 1
         "total_s": finished - started,
         "train_images_per_epoch": len(run.sampler) * config.batch_size,
         "eval_images": eval_images,
@@ -190,20 +190,20 @@ def epoch_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def column(key: str) -> list[float]:
         return [e.get(key, math.nan) for e in rows]
 
-    other = [e["time_epoch_s"] - e["time_data_s"] - e["time_compute_s"] - e.get("time_eval_s", 0.0) for e in rows]
+    other = [e["time/epoch_s"] - e["time/data_s"] - e["time/compute_s"] - e.get("time/eval_s", 0.0) for e in rows]
     return {
         "train_images_per_epoch": n_train,
         "eval_images": n_eval,
         "measured_epochs": len(rows),
-        "train_images_per_s": spread([n_train / t for t in column("time_train_s")]),
-        "compute_images_per_s": spread([n_train / t for t in column("time_compute_s")]),
-        "eval_images_per_s": spread([n_eval / t for t in column("time_eval_s")]),
-        "epoch_images_per_s": spread([n_train / t for t in column("time_epoch_s")]),
-        "time_epoch_s": spread(column("time_epoch_s")),
-        "time_train_s": spread(column("time_train_s")),
-        "time_data_s": spread(column("time_data_s")),
-        "time_compute_s": spread(column("time_compute_s")),
-        "time_eval_s": spread(column("time_eval_s")),
+        "train_images_per_s": spread([n_train / t for t in column("time/train_s")]),
+        "compute_images_per_s": spread([n_train / t for t in column("time/compute_s")]),
+        "eval_images_per_s": spread([n_eval / t for t in column("time/eval_s")]),
+        "epoch_images_per_s": spread([n_train / t for t in column("time/epoch_s")]),
+        "time_epoch_s": spread(column("time/epoch_s")),
+        "time_train_s": spread(column("time/train_s")),
+        "time_data_s": spread(column("time/data_s")),
+        "time_compute_s": spread(column("time/compute_s")),
+        "time_eval_s": spread(column("time/eval_s")),
         "time_other_s": spread(other),
         "setup_s": spread([r["setup_s"] for r in runs]),
     }
@@ -217,7 +217,7 @@ def measure_throughput(name: str, config, data_root: str | None, repeats: int) -
         result.pop("run")
         runs.append(result)
         e = result["epochs"][-1]
-        print(f"[{name}]   last epoch {e['time_epoch_s']:.2f} s (train {e['time_train_s']:.2f} s, eval {e.get('time_eval_s', 0):.2f} s)")
+        print(f"[{name}]   last epoch {e['time/epoch_s']:.2f} s (train {e['time/train_s']:.2f} s, eval {e.get('time/eval_s', 0):.2f} s)")
     return {
         "config": config.to_dict(),
         "batch_size": config.batch_size,
@@ -350,12 +350,12 @@ def measure_ray(config, data_root: str | None, repeats: int, threads: int, work:
 
     direct_interval = spread([i for run in direct_runs for i in intervals(run["report_times"])])
     ray_interval = spread([i for run in ray_runs for i in intervals(run["report_times"])])
-    direct_epoch = spread(pooled(direct_runs, "time_epoch_s"))
-    ray_epoch = spread(pooled(ray_runs, "time_epoch_s"))
+    direct_epoch = spread(pooled(direct_runs, "time/epoch_s"))
+    ray_epoch = spread(pooled(ray_runs, "time/epoch_s"))
     ray_iter = spread(pooled(ray_runs, "time_this_iter_s"))
     # time a trial spends per epoch outside fit's epoch: checkpoint bundle, persisting it, the report round trip
     in_worker = [
-        e["time_this_iter_s"] - e["time_epoch_s"] for run in ray_runs for e in run["epochs"][WARMUP_EPOCHS:] if "time_this_iter_s" in e
+        e["time_this_iter_s"] - e["time/epoch_s"] for run in ray_runs for e in run["epochs"][WARMUP_EPOCHS:] if "time_this_iter_s" in e
     ]
     per_repeat = [relative(median_interval(r), median_interval(d)) for d, r in zip(direct_runs, ray_runs)]
     overhead = relative(ray_interval["median"], direct_interval["median"])

@@ -1,8 +1,9 @@
 """The files a study ends with, drawn from its Optuna study.
 
 ``study_artifacts`` writes what ``study.launch`` attaches to the parent run when
-a study ends: ``best_config.yaml`` (what ``study.final --study`` retrains),
-``trials.csv`` (one row per trial, with its MLflow run id), and PNGs of the
+a study ends: ``best_config.yaml`` (what ``study.final --study`` retrains: the
+keys that apply to the best trial's loss and schedules, ``applicable_keys``),
+``resolved_config.yaml`` (every key it trained with), ``trials.csv`` (one row per trial, with its MLflow run id), and PNGs of the
 optimization history, the parameter importances, the parallel coordinates and
 the validation metric against epoch for every trial.
 """
@@ -18,7 +19,7 @@ import optuna
 
 from study.plots import curves, note
 from study.tracking import first_error_line, write_yaml
-from trainables.core.config import TrainConfig
+from trainables.core.config import TrainConfig, applicable_keys
 
 
 def optuna_plot(path: Path, title: str, draw: Callable[[], Any]) -> Path:
@@ -52,7 +53,7 @@ def trials_table(study: optuna.Study, children: dict[str, Any], metric: str, pat
     """``trials.csv``: number, ``metric``, state, params, user attrs, epochs reported and MLflow run id of each trial."""
     trials = study.get_trials(deepcopy=False)
     frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
-    frame = frame.drop(columns=[c for c in frame.columns if c == "user_attrs_config"])
+    frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_config", "user_attrs_mlflow_run_id")])
     frame["epochs"] = [len(t.intermediate_values) for t in trials]
     frame["mlflow_run_id"] = [
         children[t.user_attrs["tune_trial_id"]].info.run_id if t.user_attrs.get("tune_trial_id") in children else "" for t in trials
@@ -78,8 +79,10 @@ def study_artifacts(study: optuna.Study, children: dict[str, Any], out: Path, me
     """
     paths = []
     if best is not None:
-        config = TrainConfig.from_dict(best.user_attrs["config"], source="best trial").to_dict()
-        paths.append(write_yaml(out / "best_config.yaml", config))
+        config = TrainConfig.from_dict(best.user_attrs["config"], source="best trial")
+        resolved = config.to_dict()
+        paths.append(write_yaml(out / "best_config.yaml", {key: resolved[key] for key in applicable_keys(config)}))
+        paths.append(write_yaml(out / "resolved_config.yaml", resolved))
     paths.append(trials_table(study, children, metric, out / "trials.csv"))
     vis = optuna.visualization.matplotlib
     plots = {

@@ -2,7 +2,7 @@
 
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
-(step = epoch), its node and device, how it ended (``trial_state``, from
+(step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
 ``study.outcome.trial_outcome``) and a final status (FINISHED, or FAILED with
 the reason). How the records reach MLflow, and wait while it is away, is
 ``study.records.TrialRecorder``.
@@ -20,7 +20,11 @@ from study.outcome import COMPLETE, FAIL, PRUNED, epochs_done, is_finite_number,
 from study.records import TrialRecorder
 from study.tracking import first_error_line
 
-STRING_KEYS = ("node", "node_ip", "node_id", "device")
+STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
+# The ladder's bookkeeping that MLflow's step already says (epochs_trained) or that is the searcher's (objective_step).
+STEP_KEYS = {"epochs_trained", "objective_step"}
+# Where a trial trains a single budget (its whole schedule), these repeat the step or a constant: left out.
+LADDER_KEYS = {"budget", "epoch", "completed_budget"}
 SKIP_KEYS = {
     "training_iteration",
     "timestamp",
@@ -47,9 +51,21 @@ def trial_error_text(trial) -> str | None:
     return trial.get_error() if hasattr(trial, "get_error") else None
 
 
-def result_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """The finite numeric metrics of a Tune result, without Tune's bookkeeping."""
-    return {k: float(v) for k, v in result.items() if k not in SKIP_KEYS and is_finite_number(v)}
+def result_step(result: dict[str, Any]) -> int:
+    """The MLflow step of a Tune result: the epochs the trial has trained, over every budget."""
+    return int(result.get("epochs_trained", result.get("training_iteration", 0)))
+
+
+def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
+    """The finite numeric metrics of a Tune result for MLflow, without Tune's bookkeeping or values the step says.
+
+    ``budget`` and ``epoch`` (within the budget) stay for a trial on a ladder of budgets, where they differ from
+    the step; a trial trained on one budget of ``max_epochs`` (its epoch is the step) records neither.
+    """
+    drop = SKIP_KEYS | STEP_KEYS
+    if result.get("budget", max_epochs) == max_epochs and result.get("epoch", result_step(result)) == result_step(result):
+        drop = drop | LADDER_KEYS
+    return {k: float(v) for k, v in result.items() if k not in drop and is_finite_number(v)}
 
 
 class MlflowTrials(Callback):
@@ -68,8 +84,8 @@ class MlflowTrials(Callback):
         op = {
             "op": "result",
             "trial_id": trial.trial_id,
-            "step": int(result.get("training_iteration", 0)),
-            "metrics": result_metrics(result),
+            "step": result_step(result),
+            "metrics": result_metrics(result, self.max_epochs),
             "tags": {k: str(result[k]) for k in STRING_KEYS if k in result},
             "time_ms": int(time.time() * 1000),
             "config": dict(trial.config),
@@ -90,8 +106,38 @@ class MlflowTrials(Callback):
         self.recorder.flush(force=True)
 
 
+def trial_epochs(trial) -> int:
+    """The epochs a Tune trial has trained so far (0 before its first report)."""
+    return result_step(trial.last_result or {})
+
+
+def time_left(elapsed_s: float, num_samples: int, finished: list[int], running: list[int], max_epochs: int) -> float | None:
+    """Seconds the trials still need, at the pace so far; None before any epoch is trained.
+
+    ``finished`` and ``running`` are the epochs of the trials that ended and of the others started. Each
+    trial yet to end is expected to cost the mean epochs of the ended ones (``max_epochs`` before any
+    ended: early stopping makes that an upper bound), less what it has trained.
+    """
+    done = sum(finished) + sum(running)
+    if done <= 0 or elapsed_s <= 0:
+        return None
+    cost = sum(finished) / len(finished) if finished else float(max_epochs)
+    waiting = max(num_samples - len(finished) - len(running), 0)
+    remaining = waiting * cost + sum(max(cost - e, 0.0) for e in running)
+    return remaining * elapsed_s / done
+
+
+def format_duration(seconds: float) -> str:
+    """"45 s", "12 min", "2.5 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 class Progress(Callback):
-    """One terminal line whenever a trial reports or ends: states and the best so far."""
+    """One terminal line whenever a trial reports or ends: states, the best so far and the time left (``time_left``)."""
 
     def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int) -> None:
         self.metric, self.mode, self.max_epochs, self.num_samples = metric, mode, max_epochs, num_samples
@@ -107,7 +153,9 @@ class Progress(Callback):
         self.last_line = time.time()
         counts = {"running": 0, COMPLETE: 0, PRUNED: 0, FAIL: 0, "pending": 0}
         best = None
+        finished, running = [], []
         for t in trials:
+            (finished if t.status in ("TERMINATED", "ERROR") else running).append(trial_epochs(t))
             if t.status in ("TERMINATED", "ERROR"):
                 state = self._outcome(t)
                 counts[state] += 1
@@ -117,8 +165,11 @@ class Progress(Callback):
             else:
                 counts["running" if t.status == "RUNNING" else "pending"] += 1
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
+        elapsed = time.time() - self.started
+        left = time_left(elapsed, self.num_samples, finished, running, self.max_epochs)
+        left_text = f", ~{format_duration(left)} left" if left is not None else ""
         print(
-            f"[{time.time() - self.started:6.0f} s] {len(trials)}/{self.num_samples} trials: {counts['running']} running, "
+            f"[{elapsed:6.0f} s{left_text}] {len(trials)}/{self.num_samples} trials: {counts['running']} running, "
             f"{counts[COMPLETE]} complete, {counts[PRUNED]} pruned, {counts[FAIL]} failed | {best_text} | {event}",
             flush=True,
         )

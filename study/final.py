@@ -33,7 +33,7 @@ import mlflow
 import numpy as np
 import torch
 
-from study import tracking
+from study import console, tracking
 from study.plots import pair_similarities, similarity_histogram
 from study.tracking import UsageError
 from trainables.core.checkpoint import CheckpointError
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--config",
-        help=f"YAML file of config keys (see DESIGN.md); default: the embedded {DEFAULT_CONFIG}, "
+        help=f"YAML file of config keys (TrainConfig in trainables/core/config.py); default: the embedded {DEFAULT_CONFIG}, "
         "heated-up softmax with BN features, alpha 16 -> 4, on Omniglot",
     )
     parser.add_argument(
@@ -65,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "as children of one parent run named after the space (tag study_name), for a table with python -m study.report",
     )
     parser.add_argument(
-        "--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); Omniglot is looked up in <root>/omniglot/"
+        "--data-root",
+        help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}, else with --study the study's own); "
+        "Omniglot is looked up in <root>/omniglot/",
     )
     parser.add_argument("--download", action="store_true", help="download Omniglot into the data root when it is missing (needs internet)")
     parser.add_argument(
@@ -77,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--study",
-        help="retrain the best config of this study (its parent run's best_config.yaml); "
-        "the seed runs become children of the study's parent run and the model is registered as NAME-embedding",
+        help="retrain the best config of this study (its parent run's best_config.yaml) on the study's data root; "
+        "the seed runs become children of the study's parent run and the first seed's model is registered as NAME-embedding",
     )
     parser.add_argument("--experiment", help="MLflow experiment (default: final; with --study: dml-studies, as study.launch)")
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
@@ -142,12 +144,12 @@ def train_seed(
     def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
         mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")}, step=epoch)
         shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
-        if "alpha" in metrics:
-            shown += f"  alpha {metrics['alpha']:.2f}"
+        if "alpha_now" in metrics:
+            shown += f"  alpha {metrics['alpha_now']:.2f}"
         if "test_recall_at_1" in metrics:
             shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
         print(
-            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr']:.2e}  ({metrics['time_epoch_s']:.1f} s)",
+            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr_now']:.2e}  ({metrics['time/epoch_s']:.1f} s)",
             flush=True,
         )
 
@@ -160,7 +162,7 @@ def train_seed(
         positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png", title=f"test pair similarities, seed {config.seed}"
     )
     mlflow.log_artifact(str(histogram))
-    mlflow.log_metric("time_total_s", elapsed)
+    mlflow.log_metric("time/total_s", elapsed)
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
     model = record_model(run, {**test, **similarity}, workdir, register, origin)
     return {"test": test, "time_s": elapsed, **model, "run_id": mlflow.active_run().info.run_id}
@@ -184,8 +186,11 @@ def record_model(run: Run, test: dict[str, float], workdir: Path, register: str 
     return {"model_uri": info.model_uri, "registered_uri": f"models:/{register}/{version}"}
 
 
-def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str]:
-    """The best config of ``study`` (its parent run's best_config.yaml) and the parent run's id."""
+def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str, str | None]:
+    """The best config of ``study`` (its parent run's best_config.yaml), the parent run's id and the study's data root.
+
+    The data root is the parent run's ``data_root`` param (None for a study that did not record one).
+    """
     tracking.setup(uri, experiment)
     client = mlflow.MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
@@ -208,7 +213,8 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
         values = tracking.read_yaml(path, "the study's best config")
     if epochs is not None:
         values = {**values, "epochs": epochs}
-    return TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}"), parent.info.run_id
+    config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
+    return config, parent.info.run_id, parent.data.params.get("data_root") or None
 
 
 def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:
@@ -249,6 +255,7 @@ class FinalPlan:
     study: str | None = None
     space: str | None = None
     register: str | None = None  # registry name of the first seed's model
+    data_root: str | None = None  # the study's own (--study), used without --data-root and $DML_DATA_ROOT
 
     @property
     def grid(self) -> bool:
@@ -273,7 +280,7 @@ class FinalPlan:
 def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
     """Resolve the command line into a plan; raises the input errors (nothing is created but, for --study, the experiment)."""
     if args.study:
-        config, parent_id = study_config(args.study, args.experiment, args.epochs, uri)
+        config, parent_id, data_root = study_config(args.study, args.experiment, args.epochs, uri)
         return FinalPlan(
             args.study,
             ((args.study, config),),
@@ -283,6 +290,7 @@ def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
             parent_run_id=parent_id,
             study=args.study,
             register=args.register or f"{args.study}-embedding",
+            data_root=data_root,
         )
     if args.space:
         configurations, name = space_configs(args.space, args.epochs)
@@ -426,7 +434,8 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     plan = make_plan(args, uri)
     device = resolve_device(args.device)
-    splits = load_data(plan, args.data_root, args.download)  # every input error surfaces before a run is created
+    data_root = tracking.resolve_data_root(args.data_root) or plan.data_root
+    splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
     experiment_id = tracking.setup(uri, plan.experiment)
     client = mlflow.MlflowClient(uri)
     first = plan.configurations[0][1]
@@ -500,9 +509,16 @@ def print_grid_summary(outcome: dict[str, Any]) -> None:
     for conf_name, o in outcome["outcomes"].items():
         cells = "".join(f"{o['summary'][k + '_mean']:>10.4f} +-{o['summary'][k + '_std']:.3f}" for k in keys)
         print(f"  {conf_name:<28}{cells}")
-    print(f"\nparent run: {outcome['parent_run_id']}  (report: python -m study.report --study {outcome['name']})")
-    print(f"open the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
+    print(f"\nparent run: {outcome['parent_run_id']}  (report: {console.python_command('study.report')} --study {outcome['name']})")
+    print_next(outcome)
+
+
+def print_next(outcome: dict[str, Any]) -> None:
+    """The MLflow UI command, the serve commands and where library warnings went."""
+    print(f"\nopen the MLflow UI:  {console.ui_command(outcome['uri'])}")
     print_serving(outcome)
+    if outcome.get("log"):
+        print(f"\nwarnings and library logs: {outcome['log']}")
 
 
 def print_summary(outcome: dict[str, Any]) -> None:
@@ -519,16 +535,19 @@ def print_summary(outcome: dict[str, Any]) -> None:
     for r in outcome["results"]:
         print(f"  model: {r['model_uri']}  (run {r['run_id']})")
         if r["registered_uri"]:
-            print(f"  registered as: {r['registered_uri']}")
-    print(f"\nopen the MLflow UI:  {tracking.ui_command(outcome['uri'])}")
-    print_serving(outcome)
+            print(
+                f"  registered as: {r['registered_uri']}: the first seed's model, seed {outcome['config'].seed} (the config's own); "
+                "picking the seed by its test score would tune on the test classes"
+            )
+    print_next(outcome)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    log = console.route_library_output(console.log_path("study.final"))
     try:
-        outcome = run_final(args)
+        outcome = {**run_final(args), "log": log}
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

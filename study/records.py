@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ import optuna
 from mlflow.entities import Metric, Param, RunTag
 from optuna.trial import TrialState
 
-from study import tracking
+from study import console, tracking
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import UsageError, child_runs, first_error_line
+from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
 
 def spool_path(study_name: str) -> str:
@@ -94,6 +96,22 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
 # ----------------------------------------------------------------------------- trial records
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
 TRIAL_KINDS = ("trial", "confirmation")
+LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+
+
+def run_name(kind: str, trial_id: str, number: int | None) -> str:
+    """``trial-<Optuna number>-<Tune trial id>`` (``trial-<id>`` without a number), ``confirm-<id>`` for a confirmation run."""
+    if kind == "confirmation":
+        return f"confirm-{trial_id}"
+    return f"trial-{number}-{trial_id}" if number is not None else f"trial-{trial_id}"
+
+
+def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Every TrainConfig key of a trial's config, defaults filled in (the config as given when it does not validate)."""
+    try:
+        return TrainConfig.from_dict(dict(config), source="trial config").to_dict()
+    except ConfigError:
+        return dict(sorted(config.items()))
 
 
 class TrialRecorder:
@@ -103,6 +121,10 @@ class TrialRecorder:
     in order. When MLflow cannot be reached, operations queue up in the spool file (JSON lines) and are
     applied when it returns. Applying is idempotent: a run is found by its trial_id tag before one is
     created, and an epoch already logged is skipped. ``connect(tracking_uri)`` makes the MLflow client.
+
+    A search trial's run is named ``trial-<Optuna number>-<Tune trial id>`` and logs the trial's full
+    resolved config (every TrainConfig key) as params; the Optuna trial gets the run's id as its
+    ``mlflow_run_id`` user attribute. The Optuna study is the one in the parent run's ``optuna_storage``.
     """
 
     retry_every_s = 15.0
@@ -119,6 +141,7 @@ class TrialRecorder:
         self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
         self.study_name, self.spool, self.connect = study_name, spool, connect
         self._client: Any = None
+        self._storage: optuna.storages.BaseStorage | None = None
         self.run_ids: dict[str, str] = {}
         self.logged_step: dict[str, int] = {}
         self.pending: list[dict[str, Any]] | None = None
@@ -126,7 +149,7 @@ class TrialRecorder:
         self.last_attempt = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "pending": None, "run_ids": {}, "logged_step": {}}
+        return {**self.__dict__, "_client": None, "_storage": None, "pending": None, "run_ids": {}, "logged_step": {}}
 
     # -- the queue --------------------------------------------------------------
     def _load(self) -> list[dict[str, Any]]:
@@ -148,6 +171,10 @@ class TrialRecorder:
         with open(tmp, "w") as f:
             f.writelines(json.dumps(op) + "\n" for op in pending)
         os.replace(tmp, self.spool)
+
+    def queued(self) -> int:
+        """How many operations wait to be written (in memory or in the spool file)."""
+        return len(self._load())
 
     def submit(self, op: dict[str, Any]) -> None:
         self._load().append(op)
@@ -217,25 +244,55 @@ class TrialRecorder:
                 trial_id = run.data.tags.get("trial_id")
                 if trial_id:
                     self.run_ids[trial_id] = run.info.run_id
-                    steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+                    steps = [m.step for m in client.get_metric_history(run.info.run_id, LOGGED_EVERY_EPOCH)]
                     self.logged_step[trial_id] = max(steps, default=0)
             self._client = client
         return self._client
 
+    @property
+    def optuna_storage(self) -> optuna.storages.BaseStorage | None:
+        """The Optuna storage of the study (the parent run's ``optuna_storage`` param), or None without one."""
+        if self._storage is None:
+            from study.search import open_storage
+
+            url = self.client.get_run(self.parent_run_id).data.params.get("optuna_storage")
+            self._storage = open_storage(url) if url else None
+        return self._storage
+
+    def optuna_number(self, trial_id: str) -> int | None:
+        """The number of the Optuna trial the searcher asked for Tune trial ``trial_id`` (None: not an Optuna trial)."""
+        storage = self.optuna_storage
+        if storage is None:
+            return None
+        try:
+            study_id = storage.get_study_id_from_name(self.study_name)
+        except KeyError:
+            return None
+        found = [t for t in storage.get_all_trials(study_id, deepcopy=False) if t.user_attrs.get("tune_trial_id") == trial_id]
+        return found[0].number if found else None
+
+    def _link_optuna_trial(self, number: int, run_id: str) -> None:
+        """The Optuna trial names its MLflow run (user attribute ``mlflow_run_id``) while it can still be changed."""
+        storage = self.optuna_storage
+        trial = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(self.study_name), number)
+        try:
+            storage.set_trial_user_attr(trial, "mlflow_run_id", run_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # written after the trial ended (records kept during an outage): the run's optuna_trial_number links them
+
     def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial") -> str:
         client = self.client
         if trial_id not in self.run_ids:
-            name = f"{'confirm' if kind == 'confirmation' else 'trial'}-{trial_id}"
-            tags = {
-                "mlflow.parentRunId": self.parent_run_id,
-                "mlflow.runName": name,
-                "kind": kind,
-                "trial_id": trial_id,
-                "study_name": self.study_name,
-            }
-            run = client.create_run(self.experiment_id, tags=tags, run_name=name)
+            number = self.optuna_number(trial_id) if kind == "trial" else None
+            tags = {"mlflow.parentRunId": self.parent_run_id, "kind": kind, "trial_id": trial_id, "study_name": self.study_name}
+            if number is not None:
+                tags["optuna_trial_number"] = str(number)
+            name = run_name(kind, trial_id, number)
+            run = client.create_run(self.experiment_id, tags={**tags, "mlflow.runName": name}, run_name=name)
             if config:
-                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(config.items())])
+                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in resolved_config(config).items()])
+            if number is not None:
+                self._link_optuna_trial(number, run.info.run_id)
             self.run_ids[trial_id] = run.info.run_id
             self.logged_step[trial_id] = 0
         return self.run_ids[trial_id]
@@ -331,17 +388,43 @@ def finish_study(
     return summary
 
 
+def describe_optuna_study(study: optuna.Study, parent_run_id: str, space: str, metric: str) -> None:
+    """What optuna-dashboard shows of the study: the objective's name, the MLflow parent run and the space.
+
+    Written only where they differ, so calling it again writes nothing.
+    """
+    attrs = {"mlflow_parent_run_id": parent_run_id, "space": space}
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+    if study.metric_names != [metric]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([metric])
+
+
 def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: str, summary: dict[str, Any]) -> None:
-    """Optuna's number and state on every child run, then the artifacts and summary metrics on the parent run."""
+    """Optuna's number and state on every child run, then the artifacts and summary metrics on the parent run.
+
+    Tags and metrics that already hold these values are not written again.
+    """
     from study.artifacts import study_artifacts
 
     client, parent_id = recorder.client, recorder.parent_run_id
+    parent = client.get_run(parent_id)
+    describe_optuna_study(study, parent_id, parent.data.params.get("space", parent.data.tags.get("space", "")), metric)
     children = {r.data.tags.get("trial_id"): r for r in child_runs(client, recorder.experiment_id, parent_id)}
     for t in study.get_trials(deepcopy=False):
         run = children.get(t.user_attrs.get("tune_trial_id"))
         if run is not None:
-            client.set_tag(run.info.run_id, "optuna_trial_number", str(t.number))
-            client.set_tag(run.info.run_id, "optuna_state", t.state.name)
+            tags = {
+                "optuna_trial_number": str(t.number),
+                "optuna_state": t.state.name,
+                "mlflow.runName": run_name("trial", run.data.tags["trial_id"], t.number),
+            }
+            for key, value in tags.items():
+                if run.data.tags.get(key) != value:
+                    client.set_tag(run.info.run_id, key, value)
     orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
     best = summary["best"]
@@ -361,7 +444,8 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
         metrics[f"best_{metric}"] = float(best.value)
         client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
     for key, value in metrics.items():
-        client.log_metric(parent_id, key, float(value))
+        if parent.data.metrics.get(key) != float(value):  # a study synced again: no repeated point
+            client.log_metric(parent_id, key, float(value))
     client.set_terminated(parent_id, status="FINISHED")
 
 
@@ -374,9 +458,15 @@ def print_selection(selection: Selection, metric: str) -> None:
 
 
 def print_summary(outcome: dict[str, Any], metric: str) -> None:
-    """The human summary of a finished (or synced) study: counts, outages, the best trial and what to run next."""
+    """The human summary of a finished (or synced) study: counts, outages, the best trial and what to run next.
+
+    The commands it prints name this environment's interpreter and tools (``study.console``), so they run as printed.
+    """
     m = outcome["metrics"]
-    uri_flag = f" --tracking-uri {outcome['uri']}" if not tracking.is_local_sqlite(outcome["uri"]) else ""
+    study_name = outcome["study_name"]
+    flags = f"--study {study_name} --experiment {outcome['experiment']}"
+    if not tracking.is_local_sqlite(outcome["uri"]):
+        flags += f" --tracking-uri {outcome['uri']}"
     if outcome.get("outages"):
         print(
             f"\nMLflow was unreachable {outcome['outages']} time(s) during the study; training went on"
@@ -385,12 +475,11 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
     if not outcome.get("mlflow_synced", True):
         print(
             f"\nwarning: MLflow at {outcome['uri']} could not be written at the end ({outcome.get('mlflow_error')}). Nothing is lost: "
-            f"trial records are kept in {spool_path(outcome['study_name'])} and the trials in the Optuna storage.\n"
-            f"write them when MLflow is back:  python -m study.sync --study {outcome['study_name']} --experiment {outcome['experiment']}"
-            + uri_flag
+            f"trial records are kept in {spool_path(study_name)} and the trials in the Optuna storage.\n"
+            f"write them when MLflow is back:  {console.python_command('study.sync')} {flags}"
         )
     print(
-        f"\nstudy {outcome['study_name']} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
+        f"\nstudy {study_name} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
         f"{m['n_complete']} complete, {m['n_pruned']} pruned early, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
     )
     best = outcome["best"]
@@ -399,11 +488,17 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
     else:
         if outcome.get("selection") is not None:
             print_selection(outcome["selection"], metric)
+        config = TrainConfig.from_dict(outcome["best_config"] or {}, source="best trial")
         print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
-        for key, value in sorted((outcome["best_config"] or {}).items()):
-            print(f"  {key}: {value}")
+        print(f"its config (best_config.yaml: the keys that apply to loss {config.loss}; every key: resolved_config.yaml):")
+        for key in applicable_keys(config):
+            print(f"  {key}: {getattr(config, key)}")
         print(
-            f"\nretrain it and test it:  python -m study.final --study {outcome['study_name']} --experiment {outcome['experiment']}"
-            + uri_flag
+            f"\nretrain it on all training classes and test it:  {console.python_command('study.final')} {flags}\n"
+            f"  (seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
+            f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
         )
-    print(f"open the MLflow UI:       {tracking.ui_command(outcome['uri'])}")
+    print(f"open the MLflow UI:  {console.ui_command(outcome['uri'])}")
+    log = console.log_path(study_name)
+    if log.is_file():
+        print(f"warnings and library logs: {log}")

@@ -4,8 +4,9 @@ While the MLflow tracking server is unreachable, study.launch keeps trial
 records in a local spool file (./runs/spool/NAME.jsonl) and the trials
 themselves in the Optuna storage. This command writes both to MLflow once it
 is back: the trial runs with every epoch, then the study's best config,
-trials table, plots and summary metrics on the parent run. Running it twice
-writes nothing twice.
+trials table, plots and summary metrics on the parent run. A study whose
+records are complete (its parent run FINISHED, no records kept) is left as it
+is, and the command says so: running it twice writes nothing twice.
 
 Example:
   python -m study.sync --study default-20261121-120000 --tracking-uri http://127.0.0.1:5000
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         params = parent.data.params
         study = optuna.load_study(study_name=args.study, storage=open_storage(params["optuna_storage"]))
         recorder = records.TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, records.spool_path(args.study))
+        if parent.info.status == "FINISHED" and recorder.queued() == 0:
+            print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run {parent.info.run_id} FINISHED, no kept records)")
+            return 0
         wall_s = float(parent.data.metrics.get("wall_time_s", 0.0))
         summary = records.finish_study(study, recorder, params["metric"], params["mode"], wall_s)
     except UsageError as error:

@@ -14,6 +14,7 @@ import yaml
 from study import plots
 from study.artifacts import optuna_plot, study_artifacts
 from tests.conftest import ROOT
+from trainables.core.config import TrainConfig, applicable_keys
 
 CONFIG = {"dataset": "synthetic", "epochs": 3, "embedding_dim": 16, "classes_per_batch": 8, "samples_per_class": 2}
 
@@ -41,9 +42,11 @@ def test_study_artifacts_files_and_trials_table(tmp_path):
     paths = study_artifacts(study, children, tmp_path, "val_recall_at_1", study.best_trial)
     names = [p.name for p in paths]
     plots_drawn = ["optimization_history.png", "param_importances.png", "parallel_coordinate.png", "learning_curves.png"]
-    assert names == ["best_config.yaml", "trials.csv", *plots_drawn]
+    assert names == ["best_config.yaml", "resolved_config.yaml", "trials.csv", *plots_drawn]
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
-    assert yaml.safe_load((tmp_path / "best_config.yaml").read_text())["seed"] == 2  # trial 2 ends best (0.9)
+    best, resolved = (yaml.safe_load((tmp_path / name).read_text()) for name in ("best_config.yaml", "resolved_config.yaml"))
+    assert best["seed"] == resolved["seed"] == 2  # trial 2 ends best (0.9)
+    assert list(resolved) == list(TrainConfig.keys()) and list(best) == list(applicable_keys(TrainConfig.from_dict(resolved)))
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
     assert [r["number"] for r in rows] == ["0", "1", "2", "3"]
     assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED"]

@@ -117,9 +117,9 @@ def test_each_rung_sees_a_finished_schedule_and_a_promotion_continues_before_the
     for m in seen:
         end = m["epoch"] == m["budget"]
         # at each decision alpha and lr are the schedule's end values for that budget
-        assert m["alpha"] == pytest.approx(4.0 if end else 16.0), m
-        assert m["lr"] == pytest.approx(config.lr * (0.1 if end else 1.0)), m
-    assert seen[2]["epoch"] == 2 and seen[2]["alpha"] == 16.0  # the budget-4 run is not heated at its epoch 2
+        assert m["alpha_now"] == pytest.approx(4.0 if end else 16.0), m
+        assert m["lr_now"] == pytest.approx(config.lr * (0.1 if end else 1.0)), m
+    assert seen[2]["epoch"] == 2 and seen[2]["alpha_now"] == 16.0  # the budget-4 run is not heated at its epoch 2
 
 
 def test_the_last_budget_ends_where_a_direct_run_to_it_ends(splits, monkeypatch):
@@ -152,7 +152,7 @@ def test_a_schedule_with_no_shared_prefix_restarts_the_next_budget_from_scratch(
     config = TrainConfig.from_dict({**SMALL, "epochs": 3, "heating": "none", "lr_schedule": "linear", "lr_decay_start": 0.0})
     seen, _ = ladder(config, [1, 3], splits)
     assert [(m["budget"], m["epoch"]) for m in seen] == [(1, 1), (3, 1), (3, 2), (3, 3)]
-    assert seen[0]["lr"] < 0.1 * config.lr  # linear to zero within the one-epoch budget
+    assert seen[0]["lr_now"] < 0.1 * config.lr  # linear to zero within the one-epoch budget
 
 
 def test_single_budget_reports_every_epoch_as_an_objective_step(splits):

@@ -53,9 +53,9 @@ def test_fit_is_deterministic_and_resumes(one_thread):
     assert first.metrics["train_loss"] == second.metrics["train_loss"]
     # the engine applies the schedule of each (0-based) epoch to the loss and the optimizer
     for epoch in (1, 2):
-        assert hist_a[epoch]["alpha"] == pytest.approx(schedule.alpha_at(config, epoch - 1))
-        assert hist_a[epoch]["lr"] == pytest.approx(config.lr * schedule.lr_factor_at(config, epoch - 1))
-    assert hist_a[1]["alpha"] == pytest.approx(16.0)
+        assert hist_a[epoch]["alpha_now"] == pytest.approx(schedule.alpha_at(config, epoch - 1))
+        assert hist_a[epoch]["lr_now"] == pytest.approx(config.lr * schedule.lr_factor_at(config, epoch - 1))
+    assert hist_a[1]["alpha_now"] == pytest.approx(16.0)
 
     assert bundles[1]["epoch"] == 1
     resumed, hist_r, _ = run(splits=splits, resume=bundles[1])

@@ -287,11 +287,11 @@ def test_set_alpha_heats_a_fixed_alpha_to_the_schedule_value():
     raw_w, f_hat, labels = random_problem(seed=12, batch=3, classes=4, dim=5)
     w_hat = raw_w / np.linalg.norm(raw_w, axis=1, keepdims=True)
     loss_fn = make_softmax(raw_w, 16.0)
-    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(16.0)}
+    assert loss_fn.schedule_metrics() == {"alpha_now": pytest.approx(16.0)}
     loss_fn.set_alpha(4.0)
     assert float(loss_fn.heat) == pytest.approx(0.25) and float(loss_fn.alpha) == 16.0
     assert loss_fn.current_alpha == pytest.approx(4.0)
-    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(4.0)}
+    assert loss_fn.schedule_metrics() == {"alpha_now": pytest.approx(4.0)}
     logits = loss_fn.logits(torch.tensor(f_hat, dtype=torch.float32))
     np.testing.assert_allclose(logits.detach().numpy(), 4.0 * f_hat @ w_hat.T, rtol=1e-5, atol=1e-6)
     loss_fn.set_alpha(16.0)  # back to the start: no drift from repeated calls
@@ -304,7 +304,7 @@ def test_set_alpha_scales_a_learned_alpha_by_the_schedule_ratio():
         loss_fn.alpha.fill_(10.0)  # as if training had moved it from 8 to 10
     loss_fn.set_alpha(4.0)  # the schedule halves alpha_init
     assert float(loss_fn.heat) == pytest.approx(0.5)
-    assert loss_fn.schedule_metrics() == {"alpha": pytest.approx(5.0)}
+    assert loss_fn.schedule_metrics() == {"alpha_now": pytest.approx(5.0)}
     assert isinstance(loss_fn.alpha, nn.Parameter) and float(loss_fn.alpha) == 10.0
 
 
@@ -563,4 +563,4 @@ def test_every_registered_loss_keeps_the_engine_contract(name):
     loss_fn.set_alpha(config.heating_target)
     metrics = loss_fn.schedule_metrics()
     assert all(isinstance(v, float) for v in metrics.values())
-    assert metrics == ({"alpha": pytest.approx(config.heating_target)} if name == "softmax" else {})
+    assert metrics == ({"alpha_now": pytest.approx(config.heating_target)} if name == "softmax" else {})

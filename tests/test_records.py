@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from study import records
 from study.records import TrialRecorder
+from trainables.core.config import TrainConfig
 
 
 class FakeMlflow:
@@ -74,7 +75,7 @@ class FakeMlflow:
     def trials(self) -> dict[str, SimpleNamespace]:
         return {r.data.tags["trial_id"]: r for r in self.runs.values() if r.data.tags.get("kind") == "trial"}
 
-    def steps(self, run, key: str = "epoch") -> list[int]:
+    def steps(self, run, key: str = "train_loss") -> list[int]:
         return [m.step for m in self.history.get((run.info.run_id, key), [])]
 
 
@@ -98,7 +99,7 @@ def epoch(trial_id: str, step: int) -> dict:
         "op": "result",
         "trial_id": trial_id,
         "step": step,
-        "metrics": {"epoch": float(step), "val_recall_at_1": 0.1 * step},
+        "metrics": {"train_loss": 1.0 / step, "val_recall_at_1": 0.1 * step},
         "tags": {"device": "cpu"},
         "time_ms": 1000 * step,
         "config": {"lr": 0.01, "dataset": "synthetic"},
@@ -117,7 +118,9 @@ def test_one_run_per_trial_with_its_params_and_epochs(tmp_path, mlflow_fake):
     assert set(trials) == {"a", "b"} and mlflow_fake.calls["create_run"] == 3  # the parent and one run per trial
     a, b = trials["a"], trials["b"]
     assert a.data.tags["mlflow.parentRunId"] == "run0" and a.data.tags["study_name"] == "s"
-    assert a.data.params == {"dataset": "synthetic", "lr": "0.01"}
+    resolved = TrainConfig.from_dict({"lr": 0.01, "dataset": "synthetic"}).to_dict()  # every key, defaults filled in
+    assert a.data.params == {k: str(v) for k, v in resolved.items()}
+    assert a.data.tags["mlflow.runName"] == "trial-a"  # no Optuna storage on this parent: no number to name it by
     assert mlflow_fake.steps(a) == [1, 2] and mlflow_fake.steps(a, "val_recall_at_1") == [1, 2]
     assert a.data.tags["device"] == "cpu" and a.data.tags["trial_state"] == "COMPLETE"
     assert (a.info.status, b.info.status) == ("FINISHED", "RUNNING")

@@ -306,7 +306,7 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
         assert len(children) == 4 and parent.info.status == "FINISHED"
         for run in children:  # every epoch of every trial reached MLflow, once
             assert run.info.status == "FINISHED"
-            assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == list(range(1, 7))
+            assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 7))
         assert not (runs / "spool" / "outage.jsonl").exists()
 
 
@@ -348,7 +348,7 @@ def trial_epochs(uri: str, study: str) -> dict[str, int]:
         if exp is None:
             return {}
         found = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{study}' and tags.kind = 'trial'")
-        return {r.data.tags["trial_id"]: int(r.data.metrics.get("epoch", 0)) for r in found}
+        return {r.data.tags["trial_id"]: max((m.step for m in client.get_metric_history(r.info.run_id, "train_loss")), default=0) for r in found}
     except Exception:  # the store is being created
         return {}
 
@@ -406,8 +406,8 @@ def test_worker_node_dies_mid_trial(tmp_path, runs):
     moved = 0
     for run in children:
         assert run.info.status == "FINISHED"
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == list(range(1, 9))
-        resumed = max(m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_epoch"))
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, 9))
+        resumed = int(run.data.tags.get("resumed_from_epoch", 0))
         if resumed > 0:  # the trial of the removed node: at most one epoch recomputed
             moved += 1
             assert resumed >= seen[run.data.tags["trial_id"]] - 1
@@ -548,10 +548,10 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
     study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))
     assert len(children) == 2
     for run in children:
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
         if max_failures:
             assert run.info.status == "FINISHED" and steps == [1, 2, 3, 4]
-            resumed = max(m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_epoch"))
+            resumed = int(run.data.tags.get("resumed_from_epoch", 0))
             assert resumed == 1  # continued from its last checkpoint, not from scratch
         else:
             assert run.info.status == "FAILED" and steps == [1]

@@ -1,10 +1,12 @@
 """The Ray Tune trainable: one trial = one ``trainables.core.budgets.fit_budgets`` in study mode.
 
-The trial's config is the flat dict of DESIGN.md's contract; runtime settings
+The trial's config is the flat dict of TrainConfig keys; runtime settings
 (data root, device, loader workers, the ladder of budgets) arrive through
-``tune.with_parameters``. It reports once per epoch with a checkpoint (the
-run's bundle, the bundle before the budget's tail, and where it is on the
-ladder), and resumes from ``tune.get_checkpoint()`` after a failure, a node
+``tune.with_parameters``. It reports once per epoch the engine's metrics,
+the ladder's place and where it runs (node, device, ``resumed_from_epoch``
+after a resume: strings, for tags) with a checkpoint (the run's bundle, the
+bundle before the budget's tail, and where it is on the ladder), and resumes
+from ``tune.get_checkpoint()`` after a failure, a node
 loss or a restored study. With several budgets the scheduler reads
 ``completed_budget``: each rung sees a finished schedule. This is the only
 module of ``trainables`` that imports ray.
@@ -108,7 +110,8 @@ def train_dml(
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             state = load_state(Path(folder))
-    resumed_from = state.epochs_trained if state else 0
+    if state is not None:  # a retry or a restored study: where it continued, a tag of the trial's record
+        where["resumed_from_epoch"] = str(state.epochs_trained)
 
     fault_epoch = int(os.environ.get(FAULT_ENV, "0") or 0)
     fault_done = marker.with_name("injected_fault_done")
@@ -121,7 +124,7 @@ def train_dml(
         clean = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
         with tempfile.TemporaryDirectory() as folder:
             save_state(state, Path(folder))
-            tune.report({**clean, **where, "resumed_from_epoch": resumed_from}, checkpoint=tune.Checkpoint.from_directory(folder))
+            tune.report({**clean, **where}, checkpoint=tune.Checkpoint.from_directory(folder))
 
     try:
         fit_budgets(

@@ -188,6 +188,36 @@ class TrainConfig:
         return self.classes_per_batch * self.samples_per_class
 
 
+# Keys that only one loss reads (losses.py, schedule.heats): the heated-up softmax's temperature, its
+# heating and its class weights; ICE's scale. Every other key applies to both losses.
+LOSS_KEYS = {
+    "softmax": ("alpha", "learn_alpha", "heating", "heating_target", "heating_start", "weight_norm", "mean_proxy_weight"),
+    "ice": ("ice_scale",),
+}
+
+
+def applicable_keys(config: TrainConfig) -> tuple[str, ...]:
+    """The keys whose values change how ``config`` trains, in ``TrainConfig`` order.
+
+    Left out: the other loss's keys (:data:`LOSS_KEYS`); heating's target and
+    start without heating; ``lr_decay_start`` with a constant lr;
+    ``heating_lr_factor`` unless ``lr_schedule`` is step (the factor of its
+    drop); ``momentum`` unless the optimizer is SGD. Changing a key left out
+    leaves training as it is, so these keys and the defaults of the others
+    retrain the same model.
+    """
+    unused = {key for loss, keys in LOSS_KEYS.items() if loss != config.loss for key in keys}
+    if config.loss == "softmax" and config.heating == "none":
+        unused |= {"heating_target", "heating_start"}
+    if config.lr_schedule == "constant":
+        unused.add("lr_decay_start")
+    if config.lr_schedule != "step":
+        unused.add("heating_lr_factor")
+    if config.optimizer != "sgd":
+        unused.add("momentum")
+    return tuple(key for key in TrainConfig.keys() if key not in unused)
+
+
 def _coerce(source: str, key: str, value: Any, annotation: Any) -> Any:
     """Coerce a JSON scalar to the field's type, refusing lossy conversions."""
     kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))

@@ -3,10 +3,16 @@
 ``fit(config, on_epoch)`` trains a :class:`TrainConfig` for ``epochs`` epochs
 and calls ``on_epoch(epoch, metrics, state)`` after each (epoch counted from
 1), where ``metrics`` is a flat dict of prefixed values and ``state.bundle()``
-gives a checkpoint bundle to resume from. Two modes follow DESIGN.md's
+gives a checkpoint bundle to resume from. Two modes follow the project's
 protocol: ``study`` trains on the fit classes and evaluates on the validation
 classes (``val_*``); ``final`` trains on all training classes and evaluates on
 the test classes (``test_*``).
+
+The names of an epoch's metrics never repeat a config key, and their prefixes
+group them: ``train_*`` (loss, accuracy and the loss's own statistics),
+``lr_now`` and ``alpha_now`` (the values the schedule set; ``lr`` and ``alpha``
+are the config's start values), ``val_*`` / ``test_*`` and ``time/*`` (seconds).
+The epoch itself is the step they are recorded at.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def train_one_epoch(
     epoch: int = 0,
     before_step: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """One pass over ``loader``; returns train_loss, train_accuracy (+ mean_proxy_norm for softmax).
+    """One pass over ``loader``; returns train_loss, train_accuracy (+ train_mean_proxy_norm for softmax), time/data_s, time/compute_s.
 
     ``before_step(step)`` runs before each optimizer step (the per-step schedule).
     """
@@ -107,8 +113,8 @@ def train_one_epoch(
             sums[key] = sums.get(key, 0.0) + value * n
         tick = time.perf_counter()
         compute_time += tick - start
-    means = {("train_accuracy" if key == "accuracy" else key): value / max(count, 1) for key, value in sums.items()}
-    return {"train_loss": total / max(count, 1), **means, "time_data_s": data_time, "time_compute_s": compute_time}
+    means = {f"train_{key}": value / max(count, 1) for key, value in sums.items()}
+    return {"train_loss": total / max(count, 1), **means, "time/data_s": data_time, "time/compute_s": compute_time}
 
 
 @torch.no_grad()
@@ -340,9 +346,9 @@ def fit(
             apply_schedule(run, epoch + step / steps)
 
         metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch, before_step=before_step)
-        metrics["lr"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
+        metrics["lr_now"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
         metrics.update(run.loss_fn.schedule_metrics())
-        metrics["time_train_s"] = time.perf_counter() - started
+        metrics["time/train_s"] = time.perf_counter() - started
         run.epoch = epoch + 1
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
             tick = time.perf_counter()
@@ -361,9 +367,8 @@ def fit(
                     one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
                 )
             )
-            metrics["time_eval_s"] = time.perf_counter() - tick
-        metrics["epoch"] = run.epoch
-        metrics["time_epoch_s"] = time.perf_counter() - started
+            metrics["time/eval_s"] = time.perf_counter() - tick
+        metrics["time/epoch_s"] = time.perf_counter() - started
         if not math.isfinite(metrics["train_loss"]):
             raise TrainingDiverged(f"non-finite train_loss at epoch {run.epoch}")
         log.info("epoch %d/%d %s", run.epoch, config.epochs, {k: round(v, 4) for k, v in metrics.items()})

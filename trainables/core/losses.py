@@ -10,7 +10,8 @@ Every loss in :data:`LOSSES` is an ``nn.Module`` with the same contract:
 - ``set_alpha(alpha)`` applies the heating schedule's alpha (a no-op for a loss
   without a temperature);
 - ``schedule_metrics()`` returns the values the schedule set, to report once per
-  epoch (``{"alpha": ...}`` for the softmax, ``{}`` otherwise).
+  epoch (``{"alpha_now": ...}`` for the softmax, ``{}`` otherwise), named apart
+  from the config key it starts from.
 
 - :class:`HeatedSoftmaxLoss`: cross entropy of p(m|x) = softmax(alpha * z)_m with
   z_m = <f, w_m> (+ b_m) (000_4178e6910e81cd2f, eqs. 1-2; gradient eq. 3), with
@@ -100,8 +101,8 @@ class HeatedSoftmaxLoss(nn.Module):
         self.heat.fill_(alpha / self.initial_alpha)
 
     def schedule_metrics(self) -> dict[str, float]:
-        """``{"alpha": current_alpha}``: the inverse temperature trained with."""
-        return {"alpha": self.current_alpha}
+        """``{"alpha_now": current_alpha}``: the inverse temperature trained with (``alpha`` is the config's start value)."""
+        return {"alpha_now": self.current_alpha}
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         weight = F.normalize(self.weight, dim=1) if self.weight_norm else self.weight

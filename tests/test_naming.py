@@ -1,0 +1,193 @@
+"""How records read: metric names and steps, trial names and links, the config that applies, printed commands, quiet output.
+
+Fast tests: the engine on generated glyphs for a few epochs, a local MLflow store and an Optuna journal in tmp_path.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+import torch
+
+from study import console, records, sync, tracking
+from study.callbacks import result_metrics, result_step, time_left
+from study.records import TrialRecorder, describe_optuna_study
+from study.search import open_storage
+from trainables.core.config import LOSS_KEYS, TrainConfig, applicable_keys
+from trainables.core.engine import fit
+
+TINY = {"dataset": "synthetic", "epochs": 2, "classes_per_batch": 4, "samples_per_class": 2, "embedding_dim": 8}
+
+
+# ----------------------------------------------------------------------------- metric names
+@pytest.mark.parametrize("loss", ["softmax", "ice"])
+def test_epoch_metrics_never_reuse_a_config_key_and_group_by_prefix(loss):
+    seen = []
+    fit(TrainConfig.from_dict({**TINY, "loss": loss}), lambda epoch, metrics, run: seen.append(metrics), device=torch.device("cpu"))
+    names = set(seen[-1])
+    assert not names & set(TrainConfig.keys())  # lr and alpha are the config's start values; their current values are *_now
+    assert "epoch" not in names  # the step it is recorded at
+    assert all(n.startswith(("train_", "val_", "time/")) or n in ("lr_now", "alpha_now") for n in names), names
+    assert {"train_loss", "train_accuracy", "lr_now", "val_recall_at_1", "time/epoch_s", "time/eval_s"} <= names
+    assert ("alpha_now" in names) == (loss == "softmax") and ("train_mean_proxy_norm" in names) == (loss == "softmax")
+
+
+def ladder_result(budget: int, epoch: int, trained: int) -> dict:
+    return {
+        "val_recall_at_1": 0.5,
+        "train_loss": 1.0,
+        "budget": budget,
+        "epoch": epoch,
+        "epochs_trained": trained,
+        "completed_budget": budget if epoch == budget else 0,
+        "objective_step": epoch,
+        "training_iteration": trained,
+        "time_this_iter_s": 1.0,
+        "node": "n1",
+    }
+
+
+def test_mlflow_metrics_leave_out_what_the_step_says():
+    # one budget (asha, fifo, confirmation runs): epoch is the step and budget a constant
+    single = result_metrics(ladder_result(budget=4, epoch=3, trained=3), max_epochs=4)
+    assert set(single) == {"val_recall_at_1", "train_loss"}
+    # a ladder of budgets: the epoch within the budget differs from the step, and the report reads both
+    first = result_metrics(ladder_result(budget=1, epoch=1, trained=1), max_epochs=4)
+    last = result_metrics(ladder_result(budget=4, epoch=2, trained=3), max_epochs=4)
+    assert set(first) == set(last) == {"val_recall_at_1", "train_loss", "budget", "epoch", "completed_budget"}
+    assert result_step(ladder_result(budget=4, epoch=2, trained=3)) == 3  # MLflow step = epochs trained
+    assert result_step({"training_iteration": 5}) == 5
+
+
+# ----------------------------------------------------------------------------- the config that applies
+def test_applicable_keys_leave_out_the_other_loss_and_unused_schedules():
+    ice = applicable_keys(TrainConfig.from_dict({"loss": "ice"}))
+    assert not set(LOSS_KEYS["softmax"]) & set(ice) and "ice_scale" in ice and "normalization" in ice  # bn before ICE's l2 matters
+    softmax = applicable_keys(TrainConfig.from_dict({"loss": "softmax", "heating": "none", "lr_schedule": "cosine"}))
+    assert "ice_scale" not in softmax and {"alpha", "weight_norm", "mean_proxy_weight", "lr_decay_start"} <= set(softmax)
+    assert not {"heating_target", "heating_start", "heating_lr_factor", "momentum"} & set(softmax)
+    sgd = applicable_keys(TrainConfig.from_dict({"optimizer": "sgd", "lr_schedule": "constant"}))
+    assert "momentum" in sgd and "lr_decay_start" not in sgd
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"loss": "ice", "ice_scale": 32.0},
+        {"loss": "softmax", "heating": "none", "lr_schedule": "cosine", "lr_decay_start": 0.5},
+    ],
+)
+def test_a_config_of_its_applicable_keys_trains_the_same_model(config):
+    full = TrainConfig.from_dict({**TINY, **config, "alpha": 3.0, "heating_target": 2.0, "heating_start": 0.5, "ice_scale": 20.0}
+                                 if config["loss"] == "softmax" else
+                                 {**TINY, **config, "alpha": 3.0, "heating_target": 2.0, "weight_norm": False, "momentum": 0.5})
+    kept = {k: v for k, v in full.to_dict().items() if k in applicable_keys(full)}
+    assert kept != full.to_dict()  # something was left out
+    runs = [fit(c, device=torch.device("cpu")) for c in (full, TrainConfig.from_dict(kept))]
+    assert runs[0].metrics["train_loss"] == runs[1].metrics["train_loss"]
+    assert runs[0].metrics["val_recall_at_1"] == runs[1].metrics["val_recall_at_1"]
+
+
+# ----------------------------------------------------------------------------- trial runs and the Optuna study
+@pytest.fixture
+def study_store(runs):
+    """A parent run in a local MLflow store whose optuna_storage param names a journal with study "s"."""
+    uri = tracking.resolve_tracking_uri(None)
+    experiment_id = tracking.setup(uri, "naming")
+    storage_url = f"journal:{runs / 'journal.log'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage_url), direction="maximize")
+    client = mlflow.MlflowClient(uri)
+    parent = records.create_parent_run(
+        client, experiment_id, "s", str(Path(__file__)), {"optuna_storage": storage_url, "space": "smoke"}
+    )
+    return uri, experiment_id, parent, study, client
+
+
+def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_both_ways(study_store, runs):
+    uri, experiment_id, parent, study, client = study_store
+    study.ask()  # trial 0, another searcher's
+    trial = study.ask()
+    trial.set_user_attr("tune_trial_id", "ab12cd34")
+    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"))
+    recorder.submit({"op": "start", "trial_id": "ab12cd34", "kind": "trial", "config": {"loss": "ice", "lr": 0.002}})
+    run = client.get_run(recorder.run_ids["ab12cd34"])
+    assert run.info.run_name == "trial-1-ab12cd34" and run.data.tags["optuna_trial_number"] == "1"
+    assert set(run.data.params) == set(TrainConfig.keys()) and run.data.params["lr"] == "0.002"
+    assert study.trials[1].user_attrs["mlflow_run_id"] == run.info.run_id
+    recorder.submit({"op": "start", "trial_id": "ef56", "kind": "confirmation", "config": {"loss": "ice"}})
+    assert client.get_run(recorder.run_ids["ef56"]).info.run_name == "confirm-ef56"
+
+
+def test_the_optuna_study_names_its_objective_parent_run_and_space_once(study_store):
+    _, _, parent, study, _ = study_store
+    for _ in range(2):
+        describe_optuna_study(study, parent, "search_spaces/smoke.yaml", "val_recall_at_1")
+    loaded = optuna.load_study(study_name="s", storage=study._storage)
+    assert loaded.metric_names == ["val_recall_at_1"]
+    assert loaded.user_attrs == {"mlflow_parent_run_id": parent, "space": "search_spaces/smoke.yaml"}
+
+
+def test_sync_of_a_complete_study_writes_nothing_and_says_so(study_store, runs, capsys):
+    uri, _, parent, _, client = study_store
+    client.log_metric(parent, "n_trials", 3.0)
+    client.set_terminated(parent, status="FINISHED")
+    assert sync.main(["--study", "s", "--experiment", "naming"]) == 0
+    assert "nothing to sync" in capsys.readouterr().out
+    assert len(client.get_metric_history(parent, "n_trials")) == 1 and client.get_run(parent).info.status == "FINISHED"
+
+
+# ----------------------------------------------------------------------------- the terminal
+def test_time_left_from_the_pace_so_far():
+    assert time_left(0.0, 4, [], [], 8) is None
+    # two trials of 8 epochs each: one ended after 2 (pruned), one at 4 of (mean cost) 2 -> nothing left for it;
+    # two to go at 2 epochs each: 4 epochs at 6 epochs per 60 s
+    assert time_left(60.0, 4, [2], [4], 8) == pytest.approx(40.0)
+    # nothing ended yet: every trial is assumed to run its full 8 epochs
+    assert time_left(30.0, 2, [], [2], 8) == pytest.approx((6 + 8) * 15.0)
+
+
+def test_printed_commands_use_this_interpreter():
+    python = console.python_command("study.final")
+    assert python.endswith(" -m study.final")
+    assert Path(python.split(" -m ")[0]).resolve() == Path(sys.executable).resolve() or Path.cwd().joinpath(
+        python.split(" -m ")[0]
+    ).resolve() == Path(sys.executable).resolve()
+    assert "ui --backend-store-uri" in console.ui_command("sqlite:///x/mlflow.db")
+
+
+@pytest.fixture
+def restore_logging(monkeypatch):
+    """route_library_output changes process-wide logging; put it back after the test."""
+    saved = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate) for name in console.LIBRARY_LOGGERS}
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
+    with warnings.catch_warnings():
+        yield
+    logging.captureWarnings(False)
+    optuna.logging.enable_default_handler()
+    for name, (handlers, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        for h in logger.handlers:
+            if h not in handlers:
+                h.close()
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+
+
+def test_library_warnings_and_logs_go_to_the_log_file(tmp_path, capfd, restore_logging):
+    path = console.route_library_output(tmp_path / "logs" / "s.log")
+    warnings.warn("Argument ``group`` is an experimental feature.", optuna.exceptions.ExperimentalWarning, stacklevel=1)
+    logging.getLogger("ray.tune").warning("To visualize your results with TensorBoard, run: ...")
+    optuna.logging.get_logger("optuna.study").warning("an optuna line")
+    out, err = capfd.readouterr()
+    assert out == err == ""
+    text = path.read_text()
+    assert "experimental feature" in text and "TensorBoard" in text and "an optuna line" in text
+    import os
+
+    assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0"  # Tune's own console table and hints off
