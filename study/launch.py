@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -36,7 +37,8 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import records, tracking
+from study import interrupts, locks, records, tracking
+from study.interrupts import StopSignals
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
 from study.selection import Selection, extra_seeds, select, selection_record, top_complete, with_seed
@@ -363,9 +365,20 @@ def check_storage(path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the study
+# a local Ray listens on the loopback only (Ray reads this when it is imported), and runs trials at normal
+# priority (Ray's default niceness of 15 starves them beside any other work on the machine)
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
-    """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here."""
+    """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here.
+
+    The local Ray binds to 127.0.0.1 only when this is the first import of Ray in the process (as in ``main``).
+    """
+    if address is None:
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
     import ray
 
     ray.init(
@@ -411,7 +424,7 @@ def open_study(settings: StudySettings, client, experiment_id: str, parent_id: s
     storage = open_storage(settings.optuna_storage)
     study = open_optuna(settings, storage)
     if parent_id is not None:
-        client.update_run(parent_id, status="RUNNING")
+        records.reopen(client, experiment_id, parent_id)
         return study, parent_id
     try:
         return study, records.create_parent_run(client, experiment_id, settings.name, settings.space.path, settings.parent_params())
@@ -511,7 +524,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
     )
 
 
-def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder) -> Selection | None:
+def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder, stops: StopSignals) -> Selection | None:
     """Re-run the top complete trials with extra seeds and rank them by mean (study.selection); None when there is no choice."""
     s = settings
     complete = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
@@ -523,7 +536,9 @@ def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records
         config = complete[n].user_attrs["config"]
         jobs.update({json.dumps(with_seed(config, seed), sort_keys=True): n for seed in extra_seeds(config, s.confirm_seeds)})
     print(f"\nconfirming the top {len(numbers)} trials (Optuna {', '.join(f'#{n}' for n in numbers)}) with {s.confirm_seeds} extra seed(s)")
-    grid = confirmation_tuner(s, recorder, [json.loads(key) for key in jobs]).fit()
+    tuner = confirmation_tuner(s, recorder, [json.loads(key) for key in jobs])
+    with stops.graceful():
+        grid = tuner.fit()
     scores = {n: [complete[n].value] for n in numbers}
     for result in grid:
         n, value = jobs.get(json.dumps(result.config, sort_keys=True)), (result.metrics or {}).get(s.metric)
@@ -534,32 +549,41 @@ def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records
     return selection
 
 
+def print_header(s: StudySettings) -> None:
+    import ray
+
+    ray_address = ray.get_runtime_context().gcs_address
+    print(
+        f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
+        f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
+        flush=True,
+    )
+
+
 def run_study(settings: StudySettings) -> dict[str, Any]:
     """Run the study to its end; returns what ``records.print_summary`` prints.
 
-    Whatever stops it early leaves its MLflow runs marked stopped (``records.stopped_on_failure``) and no Ray running.
+    Whatever stops it early leaves its MLflow runs marked stopped (``records.stopped_on_failure``) and no Ray running;
+    a signal stops it as ``study.interrupts`` says, resumable. A second driver of the same study fails at once (``study.locks``).
     """
-    import ray
-
     s = settings
     experiment_id = tracking.setup(s.tracking_uri, s.experiment)
     client = mlflow.MlflowClient(s.tracking_uri)
-    parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
-    with ray_session(s.address):
-        study, parent_id = open_study(s, client, experiment_id, parent_id)
-        started = time.time()
-        with records.stopped_on_failure(client, experiment_id, parent_id):
-            recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
-            tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
-            print(
-                f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
-                f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping)}; "
-                f"Ray at {ray.get_runtime_context().gcs_address}",
-                flush=True,
-            )
-            tuner.fit()
-            selection = confirm_best(s, study, recorder)
-            summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection)
+    with locks.study_lock(locks.lock_folder(s.optuna_storage, tracking.runs_dir()), s.name):
+        parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
+        with ray_session(s.address), StopSignals().installed() as stops:
+            with stops.deferred():  # no half-created study
+                study, parent_id = open_study(s, client, experiment_id, parent_id)
+            started = time.time()
+            with records.stopped_on_failure(client, experiment_id, parent_id):
+                recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
+                tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
+                print_header(s)
+                with stops.graceful():
+                    tuner.fit()
+                selection = confirm_best(s, study, recorder, stops)
+                with stops.deferred():
+                    summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection)
     return {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment, **summary}
 
 
@@ -568,17 +592,41 @@ def main(argv: list[str] | None = None) -> int:
     tracking.configure_mlflow()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     args = parse_args(argv)
+    settings = None
     try:
-        settings = study_settings(args)
+        with locks.store_setup_lock(tracking.resolve_tracking_uri(args.tracking_uri)):  # one driver migrates a new store
+            settings = study_settings(args)
+            tracking.setup(settings.tracking_uri, settings.experiment)
         outcome = run_study(settings)
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; continue with --resume --study-name NAME", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        print(interrupted_message(error, settings), file=sys.stderr)
+        return interrupts.exit_code(error)
+    except OSError as error:
+        if error.errno not in DISK_ERRORS:
+            raise
+        print(f"error: {error.filename or 'a study file'}: {os.strerror(error.errno)}; {resume_hint(settings)}", file=sys.stderr)
+        return 1
     records.print_summary(outcome, settings.metric)
     return 0
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def resume_hint(settings: StudySettings | None) -> str:
+    if settings is None:
+        return "nothing was started"
+    return f"its state is saved: continue it with  {sys.executable} -m study.launch --study-name {settings.name} --resume"
+
+
+def interrupted_message(error: KeyboardInterrupt, settings: StudySettings | None) -> str:
+    """What the driver says when a signal stops it."""
+    by = error.name if isinstance(error, interrupts.StudyInterrupted) else "SIGINT"
+    what = f"study {settings.name}" if settings is not None else "study.launch"
+    return f"{what} stopped by {by}; {resume_hint(settings)}"
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
         yield
     except BaseException as error:
         interrupted = isinstance(error, KeyboardInterrupt)
-        reason = "interrupted" if interrupted else first_error_line(str(error)) or type(error).__name__
+        reason = f"interrupted by {error.args[0] if error.args else 'SIGINT'}" if interrupted else first_error_line(str(error)) or type(error).__name__
         try:
             ids = [r.info.run_id for r in child_runs(client, experiment_id, parent_id)]
             tracking.fail_orphans(client, ids, f"study stopped: {reason}")
@@ -91,6 +91,17 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
         except Exception as mlflow_error:  # MLflow itself may be what failed
             print(f"warning: could not mark the study's MLflow runs as stopped ({first_error_line(str(mlflow_error))})", file=sys.stderr)
         raise
+
+
+def reopen(client, experiment_id: str, parent_id: str) -> None:
+    """A resumed study's parent run is RUNNING again; the reason it stopped moves from ``failure_reason`` to ``stopped_before``."""
+    runs = [client.get_run(parent_id), *child_runs(client, experiment_id, parent_id)]
+    for run in runs:
+        reason = run.data.tags.get("failure_reason")
+        if reason and (run.info.run_id == parent_id or reason.startswith("study stopped")):
+            client.set_tag(run.info.run_id, "stopped_before", reason)
+            client.delete_tag(run.info.run_id, "failure_reason")
+    client.update_run(parent_id, status="RUNNING")
 
 
 # ----------------------------------------------------------------------------- trial records

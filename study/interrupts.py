@@ -1,0 +1,112 @@
+"""How a study's driver stops on a signal: gracefully once, at once the second time, always resumable.
+
+Ray Tune stops a run gracefully on SIGUSR1 (it saves the experiment state one
+last time and ``Tuner.fit()`` returns normally), and by default also catches
+one SIGINT in the same way, after which nothing tells the caller that the run
+was cut short. The driver therefore takes SIGINT, SIGTERM and SIGHUP itself
+(``StopSignals``), with Ray Tune's own SIGINT handler turned off
+(``TUNE_DISABLE_SIGINT_HANDLER``):
+
+- the first signal while trials run asks Ray Tune to stop gracefully (SIGUSR1),
+  and when ``fit()`` returns, ``StudyInterrupted`` is raised instead of going on
+  to the end of the study;
+- the first signal at any other moment, or a second signal, raises
+  ``StudyInterrupted`` at once.
+
+``StudyInterrupted`` is a ``KeyboardInterrupt``: ``records.stopped_on_failure``
+marks the study's MLflow runs KILLED with the signal's name, Optuna's running
+trials stay RUNNING for ``--resume`` to continue, and the driver exits with
+128 + the signal number, as a shell reports a process killed by that signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TUNE_FLAG = "TUNE_DISABLE_SIGINT_HANDLER"  # Ray Tune reads it when fit() starts
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """The driver was asked to stop by ``signum``; the study's state is saved for ``--resume``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def exit_code(error: KeyboardInterrupt) -> int:
+    """128 + the signal number (130 for a plain KeyboardInterrupt, which is a SIGINT)."""
+    return error.exit_code if isinstance(error, StudyInterrupted) else 128 + signal.SIGINT
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP handlers for the length of a study (main thread only).
+
+    What the first signal does depends on the moment: inside ``graceful()`` it stops Ray Tune gracefully,
+    inside ``deferred()`` it waits for the end of the block, anywhere else it raises ``StudyInterrupted``.
+    A second signal always raises at once.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.moment = "anywhere"  # or "fitting", "deferred"
+
+    def handle(self, signum: int, frame) -> None:
+        first = self.received is None
+        self.received = self.received or signum
+        tune_listens = signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        if first and self.moment == "fitting" and tune_listens:
+            signal.raise_signal(signal.SIGUSR1)  # Ray Tune's graceful stop: it saves its state and fit() returns
+        elif not (first and self.moment == "deferred"):
+            raise StudyInterrupted(self.received)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        """The handlers, installed for the body and restored after it; Ray Tune's own SIGINT handler is off meanwhile."""
+        tune_flag = os.environ.get(TUNE_FLAG)
+        os.environ[TUNE_FLAG] = "1"
+        previous = {s: signal.signal(s, self.handle) for s in HANDLED}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if tune_flag is None:
+                os.environ.pop(TUNE_FLAG, None)
+            else:
+                os.environ[TUNE_FLAG] = tune_flag
+
+    @contextlib.contextmanager
+    def at(self, moment: str) -> Iterator[None]:
+        """The body runs at ``moment``; a signal received in it raises ``StudyInterrupted`` when it ends."""
+        before, self.moment = self.moment, moment
+        try:
+            yield
+        finally:
+            self.moment = before
+        self.check()
+
+    def graceful(self):
+        """A ``Tuner.fit()`` in the body stops gracefully on the first signal; ``StudyInterrupted`` follows it."""
+        return self.at("fitting")
+
+    def deferred(self):
+        """A body that must not be cut in half (creating a study's records): the first signal waits for its end."""
+        return self.at("deferred")
+
+    def check(self) -> None:
+        """Raises ``StudyInterrupted`` when a signal arrived."""
+        if self.received is not None:
+            raise StudyInterrupted(self.received)

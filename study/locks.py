@@ -1,0 +1,87 @@
+"""Locks that keep two drivers apart: one per study, and one around the first use of a local MLflow store.
+
+Both are ``flock`` locks on a small file. The kernel drops a lock when its
+process dies, however it dies (SIGKILL included), so a crashed driver never
+leaves a stale lock behind. The study lock's file names its holder (pid, host,
+start time, command), so a second driver can say who runs the study.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from study.tracking import UsageError, is_local_sqlite
+
+
+class StudyLocked(UsageError):
+    """Another driver runs the study."""
+
+
+def lock_folder(optuna_storage: str, runs_dir: Path) -> Path:
+    """Where a study's lock lives: beside its Optuna journal, else under the runs folder."""
+    if optuna_storage.startswith("journal:"):
+        return Path(optuna_storage.removeprefix("journal:")).expanduser().resolve().parent / "locks"
+    return runs_dir / "locks"
+
+
+def holder_line() -> str:
+    """Who holds a lock: pid, host, since when, and the command."""
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return f"pid {os.getpid()} on {socket.gethostname()} since {since}: {' '.join(sys.argv)}"
+
+
+@contextlib.contextmanager
+def study_lock(folder: Path, study_name: str) -> Iterator[Path]:
+    """Holds study ``study_name``'s lock for the body; a second holder fails at once with ``StudyLocked`` naming the first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{study_name}.lock"
+    with open(path, "a+", encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise StudyLocked(
+                f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
+                "expected no other driver of it: wait for that one to end, or stop it and --resume"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(holder_line() + "\n")
+        fh.flush()
+        try:
+            yield path
+        finally:
+            fh.seek(0)
+            fh.truncate()  # released: the file stays (unlinking could let two drivers lock two different files)
+
+
+@contextlib.contextmanager
+def store_setup_lock(tracking_uri: str) -> Iterator[None]:
+    """For a local sqlite store, one process at a time creates or migrates it (MLflow's migrations race otherwise)."""
+    if not is_local_sqlite(tracking_uri):
+        yield
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser()
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(database.with_name(database.name + ".lock"), "a", encoding="utf-8")
+    except OSError:
+        yield  # no lock to take: the tracking checks report the folder
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # waits for the other driver's setup, a few seconds
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,111 @@
+"""A study's driver stopped by a signal: it says so, exits 128 + the signal, and --resume completes the study.
+
+The unit tests send real signals to this process; the study tests stop a real driver once a trial has a
+checkpoint (an event on disk, never a fixed delay) and resume it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from study.interrupts import StopSignals, StudyInterrupted, exit_code
+from tests.conftest import ROOT
+from tests.test_launch import study_records
+from tests.test_resume import wait_for
+
+
+def test_first_signal_while_fitting_asks_ray_tune_to_stop_gracefully():
+    asked = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: asked.append(True))  # stands in for Ray Tune's graceful stop
+    try:
+        with StopSignals().installed() as stops:
+            with pytest.raises(StudyInterrupted) as raised:
+                with stops.graceful():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    wait_for(lambda: asked, 30, "the graceful stop")  # the body goes on: fit() returns by itself
+            assert raised.value.exit_code == 128 + signal.SIGTERM and raised.value.name == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_second_signal_raises_at_once():
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        with StopSignals().installed() as stops:
+            with pytest.raises(StudyInterrupted) as raised:
+                with stops.graceful():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), signal.SIGHUP)
+                    wait_for(lambda: False, 30, "the second signal")  # never reached: the second signal raises here
+            assert raised.value.name == "SIGINT"  # the signal that stopped the study
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_signal_in_a_deferred_block_waits_for_its_end():
+    done = []
+    with StopSignals().installed() as stops:
+        with pytest.raises(StudyInterrupted):
+            with stops.deferred():
+                os.kill(os.getpid(), signal.SIGHUP)
+                done.append("the block ran to its end")
+    assert done
+
+
+def test_handlers_are_restored_and_plain_keyboard_interrupt_exits_130():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with StopSignals().installed():
+        assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
+        assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert exit_code(KeyboardInterrupt()) == 130
+
+
+def start_driver(argv: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "study.launch", *argv],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "whole_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, whole_group):
+    """Ctrl-C reaches the whole process group (the driver and its Ray); SIGTERM only the driver."""
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    name = "stopped"
+    argv = ["--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6", "--confirm-seeds", "0", "--study-name", name]
+    driver = start_driver(argv, env)
+    try:
+        wait_for(lambda: any((runs / "ray" / name).glob("*/checkpoint_*")), 600, "a trial's first checkpoint")
+    except AssertionError:
+        driver.kill()
+        raise
+    os.killpg(driver.pid, signum) if whole_group else driver.send_signal(signum)
+    _, err = driver.communicate(timeout=300)
+    assert driver.returncode == 128 + signum, err[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}" in err and f"--study-name {name} --resume" in err
+    client, parent, children, study = study_records(runs, name)
+    assert parent[0].info.status == "KILLED"
+    assert all(r.info.status != "RUNNING" for r in children)  # nothing left RUNNING
+    assert not any(t.state.name == "FAIL" for t in study.trials)  # interrupted trials stay open for the resume
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "study.launch", "--study-name", name, "--resume"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    client, parent, children, study = study_records(runs, name)
+    assert parent[0].info.status == "FINISHED" and "failure_reason" not in parent[0].data.tags
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)

@@ -1,0 +1,82 @@
+"""The local Ray of a single-machine study: loopback only, trials at normal priority, and no Ray imported before it starts."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+
+PROBE = textwrap.dedent(
+    """
+    import ipaddress, json, os, sys
+    from pathlib import Path
+    import study.launch as launch
+    assert "ray" not in sys.modules, "importing study.launch imported Ray"
+
+    def tree(root):
+        parents = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        found, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += parents.get(pid, [])
+        return found
+
+    def socket_inodes(pids):
+        inodes = set()
+        for pid in pids:
+            for fd in Path(f"/proc/{pid}/fd").glob("*"):
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        return inodes
+
+    def listening(inodes):
+        found = set()
+        for table, size in (("tcp", 4), ("tcp6", 16)):
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    raw = bytes.fromhex(fields[1].split(":")[0])
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, size, 4))  # /proc prints 32-bit words in host order
+                    ip = ipaddress.ip_address(words)
+                    found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+        return found
+
+    with launch.ray_session(None):
+        import ray
+
+        @ray.remote(num_cpus=0)
+        def niceness():
+            return os.nice(0)
+
+        nice = ray.get(niceness.remote())
+        addresses = listening(socket_inodes(tree(os.getpid())))
+    print(json.dumps({"listening": sorted(addresses), "worker_niceness": nice, "driver_niceness": os.nice(0)}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_local_ray_listens_on_loopback_only_and_runs_workers_at_normal_priority():
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["listening"], "no listening socket of the local Ray was found"
+    assert all(ipaddress.ip_address(a).is_loopback for a in found["listening"]), found["listening"]
+    assert found["worker_niceness"] == found["driver_niceness"]  # Ray's default adds 15

@@ -1,0 +1,86 @@
+"""Two drivers of one study: the second fails at once naming the first; fresh stores are set up by one driver at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import mlflow
+import optuna
+import pytest
+
+from study import launch, locks
+from study.search import open_storage
+from tests.conftest import ROOT
+from tests.test_resume import wait_for
+
+
+def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):
+    with locks.study_lock(tmp_path, "s") as path:
+        assert f"pid {os.getpid()}" in path.read_text()
+        with pytest.raises(locks.StudyLocked, match=rf"--study-name s: the study is being run by pid {os.getpid()} on "):
+            with locks.study_lock(tmp_path, "s"):
+                pass
+        with locks.study_lock(tmp_path, "other"):  # another study is not held up
+            pass
+    with locks.study_lock(tmp_path, "s"):  # released with its holder
+        pass
+
+
+def test_the_lock_of_a_killed_driver_is_free(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pathlib import Path; from study import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"],
+        cwd=ROOT, stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lock = tmp_path / "s.lock"
+        wait_for(lambda: holder.poll() is not None or "pid" in (lock.read_text() if lock.exists() else ""), 300, "the holder's lock")
+        with pytest.raises(locks.StudyLocked, match=f"pid {holder.pid}"):
+            with locks.study_lock(tmp_path, "s"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with locks.study_lock(tmp_path, "s"):  # SIGKILL leaves no stale lock
+        pass
+
+
+def test_a_second_driver_of_a_running_study_exits_2_and_writes_nothing(runs, capsys):
+    journal = runs / "optuna" / "journal.log"
+    with locks.study_lock(locks.lock_folder(f"journal:{journal}", runs), "twice"):
+        code = launch.main(["--space", "smoke", "--num-samples", "1", "--study-name", "twice"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"the study is being run by pid {os.getpid()}" in err and err.count("\n") == 1
+    assert "twice" not in optuna.get_all_study_names(open_storage(f"journal:{journal}"))  # no half-created study
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()], filter_string="tags.study_name = 'twice'")
+
+
+SETUP = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from study import locks, tracking
+    uri, go = sys.argv[1], Path(sys.argv[2])
+    while not go.exists():
+        time.sleep(0.01)
+    with locks.store_setup_lock(uri):
+        tracking.check_reachable(uri)
+        print(tracking.setup(uri, "dml-studies"))
+    """
+)
+
+
+def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    go = tmp_path / "go"
+    drivers = [
+        subprocess.Popen([sys.executable, "-c", SETUP, uri, str(go)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    go.touch()  # all start the migration at once
+    outcomes = [d.communicate(timeout=600) for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for _, err in outcomes]
+    assert len({out.strip() for out, _ in outcomes}) == 1  # one experiment, the same for all
