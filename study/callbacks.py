@@ -128,7 +128,7 @@ def time_left(elapsed_s: float, num_samples: int, finished: list[int], running: 
 
 
 def format_duration(seconds: float) -> str:
-    """"45 s", "12 min", "2.5 h"."""
+    """Seconds as "45 s", "12 min" or "2.5 h"."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

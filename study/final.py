@@ -149,7 +149,8 @@ def train_seed(
         if "test_recall_at_1" in metrics:
             shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
         print(
-            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr_now']:.2e}  ({metrics['time/epoch_s']:.1f} s)",
+            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr_now']:.2e}  "
+            f"({metrics['time/epoch_s']:.1f} s)",
             flush=True,
         )
 
@@ -545,9 +546,9 @@ def print_summary(outcome: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    log = console.route_library_output(console.log_path("study.final"))
     try:
-        outcome = {**run_final(args), "log": log}
+        with console.library_output_to(console.log_path("study.final")) as log:
+            outcome = {**run_final(args), "log": log}
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         study = optuna.load_study(study_name=args.study, storage=open_storage(params["optuna_storage"]))
         recorder = records.TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, records.spool_path(args.study))
         if parent.info.status == "FINISHED" and recorder.queued() == 0:
-            print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run {parent.info.run_id} FINISHED, no kept records)")
+            print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run FINISHED, no records kept)")
             return 0
         wall_s = float(parent.data.metrics.get("wall_time_s", 0.0))
         summary = records.finish_study(study, recorder, params["metric"], params["mode"], wall_s)

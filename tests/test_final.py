@@ -285,3 +285,26 @@ def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
         assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert tracking.setup(uri, "made-before-the-tag") == old
     assert len(client.search_experiments(filter_string="name = 'fresh'")) == 1
+
+
+def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monkeypatch):
+    """study.final --study NAME needs no --data-root: the study's parent run has it (param data_root); the flag and $DML_DATA_ROOT win."""
+    from study import records, tracking
+
+    monkeypatch.delenv("DML_DATA_ROOT", raising=False)
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    best = write_config(tmp_path / "best_config.yaml")  # logged as the parent's artifact, as a finished study has it
+    records.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), {"data_root": str(tmp_path / "study_root")})
+    seen = []
+
+    def load_data(plan, data_root, download):
+        seen.append(data_root)
+        raise final.UsageError("stop before training")
+
+    monkeypatch.setattr(final, "load_data", load_data)
+    assert final.main(["--study", "s1"]) == 2
+    assert final.main(["--study", "s1", "--data-root", str(tmp_path / "flag")]) == 2
+    monkeypatch.setenv("DML_DATA_ROOT", str(tmp_path / "env"))
+    assert final.main(["--study", "s1"]) == 2
+    assert seen == [str(tmp_path / "study_root"), str((tmp_path / "flag").resolve()), str((tmp_path / "env").resolve())]

@@ -348,7 +348,9 @@ def trial_epochs(uri: str, study: str) -> dict[str, int]:
         if exp is None:
             return {}
         found = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{study}' and tags.kind = 'trial'")
-        return {r.data.tags["trial_id"]: max((m.step for m in client.get_metric_history(r.info.run_id, "train_loss")), default=0) for r in found}
+        return {
+            r.data.tags["trial_id"]: max((m.step for m in client.get_metric_history(r.info.run_id, "train_loss")), default=0) for r in found
+        }
     except Exception:  # the store is being created
         return {}
 
