@@ -38,7 +38,15 @@ from study.plots import pair_similarities, similarity_histogram
 from study.tracking import UsageError
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DATA_ROOT_ENV, DatasetError, DatasetSplits, image_size_for, load_dataset
+from trainables.core.data import (
+    DATA_ROOT_ENV,
+    DatasetError,
+    DatasetSplits,
+    check_retrieval_set,
+    dataset_label,
+    image_size_for,
+    load_dataset,
+)
 from trainables.core.engine import Run, TrainingDiverged, build_model, default_device, embed, fit
 from trainables.core.models import WeightsError
 
@@ -107,9 +115,8 @@ def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfi
     """The config of ``path`` (or the embedded default) and a name for it."""
     if path is None:
         text = resources.files("configs").joinpath(DEFAULT_CONFIG).read_text()
-        import yaml
-
-        values, source, name = yaml.safe_load(text), f"configs/{DEFAULT_CONFIG} (embedded)", Path(DEFAULT_CONFIG).stem
+        source, name = f"configs/{DEFAULT_CONFIG} (embedded)", Path(DEFAULT_CONFIG).stem
+        values = tracking.parse_yaml(text, source, "a mapping of config keys")
     else:
         values, source, name = tracking.read_yaml(path, "a mapping of config keys"), path, Path(path).stem
     if values is None:
@@ -317,7 +324,8 @@ def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tu
     """Each dataset of the plan, loaded once, after checking that every configuration can be trained on it.
 
     The checks are the cheap ones: the batches fill from the dataset's training
-    classes, and a weights file given as ``pretrained`` fits the backbone.
+    classes, the test classes give retrieval metrics a value (at least 2 images
+    each), and a weights file given as ``pretrained`` fits the backbone.
     Returns {(dataset, image_size): splits}.
     """
     splits: dict[tuple[str, int], DatasetSplits] = {}
@@ -326,6 +334,7 @@ def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tu
         key = (config.dataset, config.image_size)
         if key not in splits:
             splits[key] = load_dataset(config.dataset, data_root, config.image_size, download=download)
+            check_retrieval_set(splits[key].test, splits[key].gallery, f"{dataset_label(config.dataset, data_root)}: the test classes")
         train = splits[key].train
         classes = len(np.unique(train.labels))
         if config.classes_per_batch > classes:

@@ -4,7 +4,9 @@
 after the training run's evaluation preprocessing. It reads images as
 :func:`trainables.core.data.as_uint8_images` does: a batch (N, H, W) or
 (N, H, W, C), one image (H, W) or (H, W, C) (a 3-D array whose last axis is 1,
-3 or 4 long is one image with channels), or a list of images; channels last,
+3 or 4 long is one image with channels; an RGB model refuses (3, H, W) and
+(4, H, W), which read as one channels-first image as well as a batch), or a
+list of images; an empty batch gives (0, d); channels last,
 C in 1, 3, 4; bool, integer values in 0..255, or floats in [0, 1] or [0, 255]
 (floats whose maximum is at most 1 are scaled by 255). RGB and RGBA images
 given to a grayscale model become gray (luminance, alpha dropped), gray images
@@ -84,7 +86,7 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
         if isinstance(model_input, dict) and set(model_input) == {INPUT_NAME}:
             model_input = model_input[INPUT_NAME]
         try:
-            images = as_uint8_images(model_input)
+            images = as_uint8_images(model_input, channels=1 if self.kind == "characters" else 3)
         except ValueError as error:
             raise ImageInputError(str(error)) from None
         out = []

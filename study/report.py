@@ -21,6 +21,7 @@ import logging
 import re
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -429,7 +430,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--study", required=True, help="the study's name (study.launch --study-name, or the name of a study.final --space run)"
     )
-    parser.add_argument("--out", help="output folder (default: runs/reports/NAME)")
+    parser.add_argument(
+        "--out",
+        help="output folder: new, empty, or one a previous report wrote (default: runs/reports/NAME); "
+        "only the files the report writes go there and to MLflow",
+    )
     parser.add_argument("--experiment", help="MLflow experiment to look in (default: all)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the local store under ./runs)")
     parser.add_argument("--top", type=int, default=10, help="trials in the top-trials table (default 10)")
@@ -438,6 +443,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.top < 1:
         parser.error(f"--top {args.top}: expected an integer >= 1")
     return args
+
+
+MARKER = ".study-report"  # in a folder the report wrote: the files it wrote there, one a line
+
+
+def out_folder(flag: str | None, study: str) -> Path:
+    """The report's folder: --out, else runs/reports/STUDY; refused where the report could clobber what it did not write.
+
+    An --out that exists must be a folder that is empty or holds a previous report (its MARKER); the default folder
+    is the report's own. A study name that would leave runs/reports/ asks for --out.
+    """
+    if flag is None:
+        base = tracking.runs_dir() / "reports"
+        out = (base / study).resolve()
+        if out.parent != base.resolve():
+            raise tracking.UsageError(f"--study {study!r}: not usable as a folder name under {base}; pass --out DIR")
+        return out
+    out = Path(flag).expanduser()
+    if out.exists() and not out.is_dir():
+        raise tracking.UsageError(f"--out {out}: exists and is not a folder; expected a folder (or a path to create)")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise tracking.UsageError(
+            f"--out {out}: a non-empty folder that study.report did not write; expected a new or empty folder, or a previous report's"
+        )
+    return out
+
+
+def publish(staging: Path, out: Path) -> list[str]:
+    """Move the files of ``staging`` (a fresh folder inside ``out``) up into ``out``, replacing a previous report's; list them in MARKER."""
+    names = sorted(p.name for p in staging.iterdir())
+    for name in names:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        staging.joinpath(name).replace(target)  # a rename: a link at the target is replaced, never followed
+    (out / MARKER).write_text("".join(f"{name}\n" for name in names))
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,15 +491,21 @@ def main(argv: list[str] | None = None) -> int:
         tracking.check_reachable(uri)
         client = mlflow.MlflowClient(uri)
         parent = find_parent(client, args.study, args.experiment)
-        out = Path(args.out) if args.out else tracking.runs_dir() / "reports" / args.study
-        if out.exists() and not out.is_dir():
-            raise tracking.UsageError(f"--out {out}: exists and is not a folder; expected a folder (or a path to create)")
-        path = write_report(client, parent, out, args.top)
+        out = out_folder(args.out, args.study)
+        out.mkdir(parents=True, exist_ok=True)
     except tracking.UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if not args.no_log:
-        client.log_artifacts(parent.info.run_id, str(out), artifact_path="report")
+    # The report is written into a fresh folder of its own, so its clean-up and the upload below see only its files.
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+    try:
+        write_report(client, parent, staging, args.top)
+        if not args.no_log:
+            client.log_artifacts(parent.info.run_id, str(staging), artifact_path="report")
+        publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    path = out / "report.md"
     print(f"report: {path}" + ("" if args.no_log else f"  (also in MLflow run {parent.info.run_id}, artifacts report/)"))
     return 0
 

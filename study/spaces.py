@@ -32,6 +32,7 @@ names, the Tune config and the MLflow params agree; the one exception is
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -150,6 +151,8 @@ def _fail(path: str, key: str, message: str) -> SpaceError:
 def _number(path: str, key: str, value: Any, kind: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, key, f"{value!r} is not a number; expected {'an integer' if kind == 'int' else 'a number'} or {{param: NAME}}")
+    if not math.isfinite(value):
+        raise _fail(path, key, f"{value!r} is not a finite number; expected {'an integer' if kind == 'int' else 'a finite number'}")
     if kind == "int" and not float(value).is_integer():
         raise _fail(path, key, f"{value!r} is not an integer; expected an integer for type int")
     return int(value) if kind == "int" else float(value)
@@ -278,6 +281,48 @@ def _check_combinations(space: Space, samples: int = 300) -> None:
             TrainConfig.from_dict(space.to_config(point), source=label)
         except ConfigError as error:
             raise SpaceError(str(error)) from None
+
+
+BUILTIN_WEIGHTS = ("none", "imagenet")  # values of ``pretrained`` that are not files
+
+
+def _weights_file(path: str, key: str, value: Any, base: Path) -> Any:
+    """A ``pretrained`` value as an absolute path of an existing file (relative ones against ``base``); names pass as they are."""
+    if not isinstance(value, str) or value in BUILTIN_WEIGHTS:
+        return value
+    file = (base / Path(value).expanduser()).resolve()
+    if not file.is_file():
+        raise _fail(
+            path,
+            key,
+            f"pretrained {value!r}: no such file ({file}, relative to the launch's folder {base}); "
+            f"expected {', '.join(BUILTIN_WEIGHTS)} or the path of a weights file",
+        )
+    return str(file)
+
+
+def resolve_pretrained(space: Space, base: Path) -> Space:
+    """``space`` with every ``pretrained`` weights file made absolute against ``base`` (the launch's working directory).
+
+    Trials run in folders of their own, where a relative path names nothing; a missing file is a SpaceError here,
+    before any trial starts.
+    """
+    key = "pretrained"
+
+    def weights(where: str, value: Any) -> Any:
+        return _weights_file(space.path, where, value, base)
+
+    fixed = {**space.fixed, key: weights(f"fixed.{key}", space.fixed[key])} if key in space.fixed else space.fixed
+    params = [
+        dataclasses.replace(p, choices=tuple(weights(f"params.{key}.choices", c) for c in p.choices)) if p.name == key else p
+        for p in space.params
+    ]
+    grid = {**space.grid, key: [weights(f"grid.{key}", v) for v in space.grid[key]]} if key in space.grid else space.grid
+    variants = {
+        name: {**values, key: weights(f"variants.{name}.{key}", values[key])} if key in values else values
+        for name, values in space.variants.items()
+    }
+    return dataclasses.replace(space, fixed=fixed, params=params, grid=grid, variants=variants)
 
 
 def load_space(path: str | Path) -> Space:

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,66 @@ def is_local_sqlite(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
+def check_writable(folder: str | os.PathLike, what: str, probe_bytes: int = 0) -> Path:
+    """``folder`` (created if missing) must take a new file; returns it resolved. ``what`` names the flag in the error.
+
+    A real write, not ``os.access``: it answers for root, read-only mounts and full disks alike
+    (``probe_bytes`` > 0 also checks that much free space).
+    """
+    folder = Path(folder).expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as probe:
+            probe.write(b"0" * probe_bytes)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        raise UsageError(f"{what}: {folder} is not writable ({error.strerror or error}); expected a writable folder") from None
+    return folder
+
+
+def check_tracking_uri(uri: str) -> None:
+    """A store MLflow 3.17 can keep a study in, checked before MLflow touches it (no minutes of retries).
+
+    MLflow's file store (``file://`` or a bare path) is refused by MLflow itself; a sqlite file must lie in
+    a writable folder (else MLflow retries its migrations for about two minutes before failing).
+    """
+    flag = "--tracking-uri" + ("" if uri != os.environ.get("MLFLOW_TRACKING_URI") else " ($MLFLOW_TRACKING_URI)")
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if uri.startswith("file:") or not (scheme or uri.startswith("databricks")):
+        raise UsageError(
+            f"{flag} {uri}: MLflow's file store is not supported (MLflow 3 refuses it); "
+            f"expected sqlite:///PATH/mlflow.db (e.g. sqlite:///{runs_dir() / 'mlflow.db'}) or http(s)://SERVER"
+        )
+    if scheme == "sqlite":
+        path = uri.removeprefix("sqlite:///") if is_local_sqlite(uri) else ""
+        if not path or path == ":memory:" or path.startswith("file:"):
+            raise UsageError(f"{flag} {uri}: an in-memory or unnamed sqlite store keeps nothing; expected sqlite:///PATH/mlflow.db")
+        database = Path(path).expanduser()
+        check_writable(database.parent, f"{flag} {uri}")
+        if database.exists() and (not database.is_file() or not os.access(database, os.R_OK | os.W_OK)):
+            raise UsageError(f"{flag} {uri}: {database} is not a writable file; expected a sqlite database file")
+
+
+def experiment_artifacts(uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go: ``<store folder>/artifacts/<experiment>`` for a local sqlite store, else the server's choice.
+
+    The name becomes a folder, so one that leaves ``artifacts/`` (``../x``, ``/abs``) or names no folder is refused.
+    """
+    if not experiment.strip() or any(c in experiment for c in "\0\n\r"):
+        raise UsageError(f"--experiment {experiment!r}: expected a non-empty name on one line")
+    if not is_local_sqlite(uri):
+        return None
+    base = (Path(uri.removeprefix("sqlite:///")).expanduser().parent / "artifacts").resolve()
+    location = (base / experiment).resolve()
+    if location == base or base not in location.parents:
+        raise UsageError(
+            f"--experiment {experiment!r}: its artifacts folder {location} would lie outside {base}; "
+            "expected a name without '..' or a leading '/'"
+        )
+    return location.as_uri()
+
+
 def ui_command(uri: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {uri} in a browser (or: mlflow ui --backend-store-uri <the server's store>)"
@@ -100,15 +161,12 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 def setup(uri: str, experiment: str) -> str:
     """Point MLflow at ``uri`` and make sure ``experiment`` exists, tagged EXPERIMENT_KIND; returns its id."""
     configure_mlflow()
-    if is_local_sqlite(uri):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    check_tracking_uri(uri)  # also creates a local store's folder
+    location = experiment_artifacts(uri, experiment)
     mlflow.set_tracking_uri(uri)
     key, value = EXPERIMENT_KIND
     found = mlflow.get_experiment_by_name(experiment)
     if found is None:
-        location = None
-        if is_local_sqlite(uri):
-            location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts" / experiment).as_uri()
         return mlflow.create_experiment(experiment, artifact_location=location, tags={key: value})
     if found.tags.get(key) != value:  # an experiment made before the tag, or by another tool
         mlflow.MlflowClient(uri).set_experiment_tag(found.experiment_id, key, value)
@@ -142,20 +200,78 @@ def reproducibility_tags() -> dict[str, str]:
     }
 
 
+MAX_YAML_BYTES = 1 << 20  # search spaces and configs are a few kB
+MAX_YAML_NODES = 100_000  # after aliases are expanded; the shipped files have a few hundred
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses documents whose aliases expand past MAX_YAML_NODES nodes, or refer to themselves.
+
+    Aliases are shared, not copied, while loading, so a "billion laughs" file loads in microseconds;
+    it is whoever walks the result (str(), validation, MLflow params) that expands it to gigabytes.
+    """
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_nodes(node)
+        return node
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """The number of nodes of ``root`` with every alias expanded; ValueError past MAX_YAML_NODES or on a cycle."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = [] if isinstance(node, yaml.ScalarNode) else node.value
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in children for part in pair]
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_YAML_NODES:
+                raise ValueError(f"its aliases expand to more than {MAX_YAML_NODES} values")
+            continue
+        if id(node) in open_nodes:
+            raise ValueError("an alias refers to a value that contains it")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def parse_yaml(text: str, where: str, what: str) -> Any:
+    """Parse YAML ``text`` safely and within bounds; any problem is a UsageError naming ``where`` and ``what`` was expected."""
+    if len(text) > MAX_YAML_BYTES:
+        raise UsageError(f"{where}: {len(text)} characters; expected {what}, at most {MAX_YAML_BYTES} characters")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UsageError(f"{where}{at}: YAML syntax error ({problem}); expected {what}") from None
+    except ValueError as error:
+        raise UsageError(f"{where}: refused: {error}; expected {what}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply; expected {what}") from None
+
+
 def read_yaml(path: str | os.PathLike, what: str) -> Any:
-    """Parse a YAML file; any problem is a UsageError naming the file."""
+    """Parse a YAML file (see ``parse_yaml``); any problem is a UsageError naming the file."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{file}: file not found; expected {what}")
     try:
-        return yaml.safe_load(file.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise UsageError(f"{file}{where}: YAML syntax error ({problem}); expected {what}") from None
+        if file.stat().st_size > MAX_YAML_BYTES:
+            raise UsageError(f"{file}: {file.stat().st_size} bytes; expected {what}, at most {MAX_YAML_BYTES} bytes")
+        text = file.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{file}: unreadable ({error}); expected {what}") from None
+    return parse_yaml(text, str(file), what)
 
 
 def write_yaml(path: str | os.PathLike, data: Any) -> Path:

@@ -31,6 +31,7 @@ import io
 import logging
 import os
 import urllib.request
+import warnings
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torchvision.transforms import v2
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,28 @@ class DatasetSplits:
     default_image_size: int = 224
 
 
-def read_image(path: str, kind: str) -> np.ndarray:
+# What decoding a broken or hostile file raises: OSError (UnidentifiedImageError is one), a plugin's SyntaxError,
+# ValueError or EOFError, and Pillow's decompression-bomb guard (its warning is made an error: between one and
+# two times Image.MAX_IMAGE_PIXELS Pillow only warns and decodes gigabytes).
+BAD_IMAGE = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError, Image.DecompressionBombWarning)
+
+
+def decode_image(source: str | io.BytesIO, where: str, mode: str, size: int | None = None) -> np.ndarray:
+    """One image file -> uint8 array in PIL ``mode`` (L or RGB), resized to size x size if given; DatasetError naming ``where``."""
     try:
-        with Image.open(path) as image:
-            image = image.convert("L" if kind == "characters" else "RGB")
-            return np.asarray(image, dtype=np.uint8).copy()
-    except (OSError, UnidentifiedImageError) as error:
-        raise DatasetError(f"{path}: unreadable image ({error.__class__.__name__}: {error})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(source) as image:
+                image = image.convert(mode)
+                if size:
+                    image = image.resize((size, size), Image.Resampling.BILINEAR)
+                return np.asarray(image, dtype=np.uint8).copy()
+    except BAD_IMAGE as error:
+        raise DatasetError(f"{where}: unreadable image ({error.__class__.__name__}: {error})") from None
+
+
+def read_image(path: str, kind: str) -> np.ndarray:
+    return decode_image(path, path, "L" if kind == "characters" else "RGB")
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -127,12 +143,7 @@ def _need(path: Path, what: str, folder: bool = False) -> Path:
 
 
 def _resize_gray(data: bytes | str, size: int, where: str) -> np.ndarray:
-    try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-            image = image.convert("L").resize((size, size), Image.Resampling.BILINEAR)
-            return np.asarray(image, dtype=np.uint8).copy()
-    except (OSError, UnidentifiedImageError) as error:
-        raise DatasetError(f"{where}: unreadable image ({error.__class__.__name__}: {error})") from None
+    return decode_image(io.BytesIO(data) if isinstance(data, bytes) else data, where, "L", size)
 
 
 def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...], download: bool):
@@ -403,6 +414,32 @@ def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tup
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
+def dataset_label(name: str, data_root: str | os.PathLike | None) -> str:
+    """How errors name a dataset: ``dataset 'folder' under /data``."""
+    return f"dataset {name!r}" + (f" under {data_root}" if data_root and name != "synthetic" else "")
+
+
+def check_retrieval_set(images: ImageSet, gallery: ImageSet | None, what: str) -> None:
+    """The evaluated images must give retrieval metrics a value: raises DatasetError naming ``what`` otherwise.
+
+    Without a gallery (every image queries the others) each class needs at least 2 images: a class of one
+    has nothing to retrieve, is left out of R@k and MAP@R, and with only such classes the metrics are NaN.
+    With a gallery, some query's class must be in it.
+    """
+    if gallery is not None:
+        if not np.isin(images.labels, gallery.labels).any():
+            raise DatasetError(f"{what}: no query class has an image in the gallery; expected the query classes in the gallery")
+        return
+    classes, counts = np.unique(images.labels, return_counts=True)
+    lone = classes[counts < 2]
+    if len(lone):
+        shown = ", ".join(repr(images.names.get(int(c), int(c))) for c in lone[:3]) + (", ..." if len(lone) > 3 else "")
+        raise DatasetError(
+            f"{what}: {len(lone)} of {len(classes)} classes have a single image ({shown}); expected at least 2 images "
+            "per evaluated class (retrieval metrics need another image of the query's class)"
+        )
+
+
 # ----------------------------------------------------------------------------- transforms
 def normalization_stats(kind: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return ((0.5,), (0.5,)) if kind == "characters" else (IMAGENET_MEAN, IMAGENET_STD)
@@ -453,15 +490,19 @@ IMAGE_INPUT_RULES = (
 CHANNELS = (1, 3, 4)  # gray, RGB, RGBA
 
 
-def as_uint8_images(images: Any) -> np.ndarray | list[np.ndarray]:
+def as_uint8_images(images: Any, channels: int | None = None) -> np.ndarray | list[np.ndarray]:
     """Images in any of the accepted forms -> uint8 images for :func:`preprocess_batch`.
 
     Accepted (``IMAGE_INPUT_RULES``), channels last:
 
     - an array (N, H, W) or (N, H, W, C) with C in 1, 3, 4 (gray, RGB, RGBA);
+      N may be 0 (an empty batch; an empty list too);
     - one image (H, W) or (H, W, C). A 3-D array whose last axis is 1, 3 or 4
       long is one image with channels: (32, 32, 3) is one RGB image, never 32
-      images 3 pixels wide; any other 3-D array is a batch (N, H, W);
+      images 3 pixels wide; any other 3-D array is a batch (N, H, W), except
+      that for a model of ``channels`` = 3 (RGB) an array (3, H, W) or
+      (4, H, W) is refused: it reads as one channels-first image as well as 3
+      or 4 gray images (the error says how to write either);
     - a list of such images or of PIL images, of any sizes (a nested list of
       numbers, as JSON gives, reads as an array);
     - values: bool (True = 255), integers in 0..255 of any integer type, or
@@ -484,11 +525,28 @@ def as_uint8_images(images: Any) -> np.ndarray | list[np.ndarray]:
             raise ValueError(f"got {type(images).__name__}; {IMAGE_INPUT_RULES}")
         return [_one_image(x, f"image {i} of the list") for i, x in enumerate(items)]
     what = f"got an array of {array.dtype}, shape {array.shape}"
+    if array.ndim == 1 and array.size == 0:
+        return []  # an empty batch, as {"inputs": []} gives
     if array.ndim == 2 or (array.ndim == 3 and array.shape[-1] in CHANNELS):
         array = array[None]
+    elif array.ndim == 3 and channels == 3 and array.shape[0] in CHANNELS[1:]:
+        n, h, w = array.shape
+        raise ValueError(
+            f"{what}: ambiguous for this RGB model, one channels-first image or {n} gray images; "
+            f"pass one image channels last, ({h}, {w}, {n}) (array.transpose(1, 2, 0)), or {n} gray images as ({n}, {h}, {w}, 1)"
+        )
     if array.ndim not in (3, 4) or (array.ndim == 4 and array.shape[-1] not in CHANNELS) or 0 in array.shape[1:3]:
-        raise ValueError(f"{what}; {IMAGE_INPUT_RULES}")
+        first = " (channels first? expected channels last)" if array.ndim == 4 and array.shape[1] in CHANNELS else ""
+        raise ValueError(f"{what}{first}; {IMAGE_INPUT_RULES}")
+    _check_pixels(array.shape[1] * array.shape[2], what)
     return _to_uint8(array, what)
+
+
+def _check_pixels(pixels: int, what: str) -> None:
+    """One image may hold at most Pillow's decompression-bomb limit of pixels (a request cannot ask for gigabytes)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and pixels > limit:
+        raise ValueError(f"{what}: {pixels} pixels per image; expected at most {limit}")
 
 
 def _numeric(values: Any) -> np.ndarray | None:
@@ -512,6 +570,7 @@ def _one_image(image: Any, where: str) -> np.ndarray:
     what = f"{where}: an array of {array.dtype}, shape {array.shape}"
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in CHANNELS) or 0 in array.shape[:2]:
         raise ValueError(f"{what}, not one image (H, W) or (H, W, C); {IMAGE_INPUT_RULES}")
+    _check_pixels(array.shape[0] * array.shape[1], what)
     return _to_uint8(array, what)
 
 
