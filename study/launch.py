@@ -27,7 +27,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,21 +36,21 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import interrupts, locks, records, tracking
+from study import checks, interrupts, locks, records, tracking
 from study.interrupts import StopSignals
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
 from study.selection import Selection, extra_seeds, select, selection_record, top_complete, with_seed
-from study.spaces import Space, SpaceError, load_space, parse_space
+from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DATA_ROOT_ENV, DatasetError, load_dataset, split_classes
+from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, split_classes
 
 log = logging.getLogger(__name__)
 
 METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-INPUT_ERRORS = (UsageError, ConfigError, DatasetError)
+INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -246,7 +245,10 @@ PLAIN_FLAGS = (
 def study_settings(args: argparse.Namespace) -> StudySettings:
     """Resolve and check the command line once: MLflow reachable, the space, the dataset, the storage paths."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    tracking.check_tracking_uri(uri)
     tracking.check_reachable(uri)
+    tracking.experiment_artifacts(uri, args.experiment)
+    checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     resumed = records.resumed_params(uri, args.experiment, args.study_name) if args.resume else {}
     space = prepare_space(args, resumed)
     max_epochs = base_config(space).epochs
@@ -267,7 +269,7 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         data_root=data_root,
         fit_classes=fit_classes,
         storage_path=storage_path,
-        optuna_storage=args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}",
+        optuna_storage=checks.check_optuna_storage(args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}"),
         tracking_uri=uri,
         scheduler=scheduler,
         grace_period=grace_period,
@@ -295,15 +297,15 @@ def prepare_space(args: argparse.Namespace, resumed: dict[str, str] | None = Non
     space = load_space(args.space or resumed.get("space") or "default")
     epochs = args.epochs if args.epochs is not None else (int(resumed["epochs"]) if "epochs" in resumed else None)
     overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", epochs)) if v is not None}
-    if not overrides:
-        return space
-    searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
-    clash = sorted(searched & set(overrides))
-    if clash:
-        raise SpaceError(f"{space.path}: {clash[0]} is set by the space's params, grid or variants; drop --{clash[0]}")
-    data = tracking.read_yaml(space.path, "a search space")
-    data["fixed"] = {**(data.get("fixed") or {}), **overrides}
-    return parse_space(data, space.path)
+    if overrides:
+        searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
+        clash = sorted(searched & set(overrides))
+        if clash:
+            raise SpaceError(f"{space.path}: {clash[0]} is set by the space's params, grid or variants; drop --{clash[0]}")
+        data = tracking.read_yaml(space.path, "a search space")
+        data["fixed"] = {**(data.get("fixed") or {}), **overrides}
+        space = parse_space(data, space.path)
+    return resolve_pretrained(space, Path.cwd())  # trials run in folders of their own
 
 
 # ----------------------------------------------------------------------------- checks
@@ -338,7 +340,8 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     """Load the dataset once on the driver: the space must be able to fill its batches. Returns #fit classes."""
     config = base_config(space)
     splits = load_dataset(config.dataset, data_root, config.image_size)
-    fit_classes, _ = split_classes(splits.train.labels, config.val_fraction)
+    fit_classes, val_classes = split_classes(splits.train.labels, config.val_fraction)
+    check_retrieval_set(splits.train.with_classes(val_classes), None, f"{dataset_label(config.dataset, data_root)}: the validation classes")
     largest = max_classes_per_batch(space)
     if largest > len(fit_classes):
         raise SpaceError(
@@ -352,16 +355,7 @@ def check_storage(path: str) -> str:
     """A local storage path must be a writable folder; URIs (s3://, gs://) are left to Ray."""
     if "://" in path:
         return path
-    folder = Path(path).expanduser().resolve()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as f:
-            f.write(b"0" * 1024 * 1024)  # a full disk fails here, not mid-study
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as error:
-        raise UsageError(f"--storage-path {folder}: not writable ({error.strerror or error}); expected a writable folder") from None
-    return str(folder)
+    return str(tracking.check_writable(path, "--storage-path", probe_bytes=1024 * 1024))  # a full disk fails here, not mid-study
 
 
 # ----------------------------------------------------------------------------- the study
