@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from study import console, tracking
-from study.plots import pair_similarities, similarity_histogram
+from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.tracking import UsageError
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig
@@ -170,10 +170,33 @@ def train_seed(
         positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png", title=f"test pair similarities, seed {config.seed}"
     )
     mlflow.log_artifact(str(histogram))
+    log_embedding_pictures(run, embeddings, workdir)
     mlflow.log_metric("time/total_s", elapsed)
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
     model = record_model(run, {**test, **similarity}, workdir, register, origin)
     return {"test": test, "time_s": elapsed, **model, "run_id": mlflow.active_run().info.run_id}
+
+
+def log_embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> None:
+    """Log the retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings`` (the test set's).
+
+    ``study.report`` shows both; neighbours come from the gallery where the dataset has one.
+    """
+    seed, queries_set, gallery = run.config.seed, run.eval_set, run.gallery
+    gallery_embeddings = None if gallery is None else embed(run.model, gallery, run.image_size, run.device).numpy()
+    queries, neighbours = retrieval_examples(embeddings, queries_set.labels, seed=seed, gallery_embeddings=gallery_embeddings)
+    source = queries_set if gallery is None else gallery
+    correct = np.asarray(source.labels)[neighbours] == np.asarray(queries_set.labels)[queries][:, None]
+    grid = retrieval_grid(
+        [queries_set.load(int(q)) for q in queries],
+        [[source.load(int(j)) for j in row] for row in neighbours],
+        correct,
+        workdir / f"retrieval_grid_seed{seed}.png",
+        title=f"test retrieval, seed {seed}: query, then its 8 nearest neighbours ({int((~correct).sum())} of {correct.size} wrong: red)",
+    )
+    tsne = tsne_map(embeddings, queries_set.labels, workdir / f"tsne_seed{seed}.png", seed=seed)
+    for path in (grid, tsne):
+        mlflow.log_artifact(str(path))
 
 
 def record_model(run: Run, test: dict[str, float], workdir: Path, register: str | None, origin: str) -> dict[str, str | None]:

@@ -6,10 +6,14 @@ pyplot, no backend to select, nothing shown.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -64,13 +68,36 @@ def similarity_histogram(positive: np.ndarray, negative: np.ndarray, path: str |
 
 
 def curves(
-    series: Mapping[str, Mapping[int, float]], path: str | Path, *, ylabel: str, title: str, states: Mapping[str, str] | None = None
+    series: Mapping[str, Mapping[int, float]],
+    path: str | Path,
+    *,
+    ylabel: str,
+    title: str,
+    states: Mapping[str, str] | None = None,
+    marks: Mapping[str, float | tuple[float, float]] | None = None,
 ) -> Path:
-    """A metric against epoch, one line per series ({name: {epoch: value}}).
+    """:func:`curves_figure` saved to ``path``."""
+    path = Path(path)
+    curves_figure(series, ylabel=ylabel, title=title, states=states, marks=marks).savefig(path, dpi=100)
+    return path
+
+
+def curves_figure(
+    series: Mapping[str, Mapping[int, float]],
+    *,
+    ylabel: str,
+    title: str,
+    states: Mapping[str, str] | None = None,
+    marks: Mapping[str, float | tuple[float, float]] | None = None,
+) -> Figure:
+    """A metric against epoch, one line per series ({name: {epoch: value}}), with integer epoch ticks.
 
     With ``states`` ({name: Optuna state name}) the lines are coloured by state,
     one legend entry per state; without, each line has its own colour and, up to
-    ``NAMED_CURVES`` lines, its name in the legend.
+    ``NAMED_CURVES`` lines, its name in the legend. ``marks`` ({label: epoch, or
+    (first, last) epochs}) draws labelled vertical lines, or a shaded span where
+    the epoch differs between series: rungs and budgets in gray, the heating
+    start (a label with "heating") in purple.
     """
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
@@ -90,12 +117,16 @@ def curves(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    for label, at in (marks or {}).items():
+        color = "tab:purple" if "heating" in label else "tab:gray"
+        if isinstance(at, tuple) and at[0] != at[1]:
+            ax.axvspan(at[0], at[1], color=color, alpha=0.12, label=label)
+        else:
+            ax.axvline(at[0] if isinstance(at, tuple) else at, color=color, linestyle="--", linewidth=1, label=label)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    return path
+    return fig
 
 
 def note(path: str | Path, title: str, text: str) -> Path:
@@ -105,6 +136,188 @@ def note(path: str | Path, title: str, text: str) -> Path:
     ax.axis("off")
     ax.set_title(title)
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def parallel_coordinates(
+    rows: list[Mapping[str, object]],
+    values: list[float],
+    path: str | Path,
+    *,
+    metric: str,
+    log_params: frozenset[str] | set[str] = frozenset(),
+    choices: Mapping[str, list] | None = None,
+) -> Path:
+    """:func:`parallel_coordinates_figure` saved to ``path``."""
+    path = Path(path)
+    parallel_coordinates_figure(rows, values, metric=metric, log_params=log_params, choices=choices).savefig(path, dpi=100)
+    return path
+
+
+def parallel_coordinates_figure(
+    rows: list[Mapping[str, object]],
+    values: list[float],
+    *,
+    metric: str,
+    log_params: frozenset[str] | set[str] = frozenset(),
+    choices: Mapping[str, list] | None = None,
+) -> Figure:
+    """Parallel coordinates: one vertical axis per parameter, one line per trial, coloured by ``values``.
+
+    ``rows`` are the trials' active parameters ({name: value}); a parameter a
+    trial did not have (a conditional one whose condition was false) is left
+    out of its line, which joins the axes it has, so no axis shows "None".
+    Numbers are scaled to their range (log10 for ``log_params``) with the
+    range's ends and middle as ticks; categories (``choices``, else the
+    values seen, in order) sit evenly spaced with their names as ticks.
+    """
+    names = sorted({name for row in rows for name in row}, key=lambda n: (n in (choices or {}), n))
+    fig = Figure(figsize=(max(8.0, 1.6 * (len(names) + 1)), 5.5))
+    ax = fig.subplots()
+    axes_at = {name: i for i, name in enumerate(names)}
+    position: dict[str, Callable[[object], float]] = {}
+    for name in names:
+        seen = [row[name] for row in rows if name in row]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen)
+        if numeric and name not in (choices or {}):
+            log = name in log_params and min(seen) > 0
+            lo, hi = (math.log10(min(seen)), math.log10(max(seen))) if log else (min(seen), max(seen))
+            span = (hi - lo) or 1.0
+
+            def scale(v, lo=lo, span=span, log=log):
+                return ((math.log10(v) if log else v) - lo) / span
+
+            ticks = [lo, (lo + hi) / 2, hi] if hi > lo else [lo]
+            labels = [f"{10**t if log else t:.3g}" for t in ticks]
+            position[name] = scale
+            tick_at = [(t - lo) / span for t in ticks]
+        else:
+            order = list((choices or {}).get(name) or dict.fromkeys(seen))
+            order = [c for c in order if c in seen] or order
+            step = 1.0 / max(len(order) - 1, 1)
+            position[name] = lambda v, order=order, step=step: order.index(v) * step if len(order) > 1 else 0.5
+            tick_at, labels = [position[name](c) for c in order], [str(c) for c in order]
+        x = axes_at[name]
+        ax.axvline(x, color="black", linewidth=0.8)
+        for t, label in zip(tick_at, labels):
+            ax.text(x + 0.03, t, label, fontsize=8, va="center", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0})
+    finite = [v for v in values if math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    norm = Normalize(lo, hi if hi > lo else lo + 1e-9)
+    cmap = colormaps["viridis"]
+    for row, value in sorted(zip(rows, values), key=lambda rv: rv[1] if math.isfinite(rv[1]) else -math.inf):
+        active = [n for n in names if n in row]
+        ax.plot(
+            [axes_at[n] for n in active],
+            [position[n](row[n]) for n in active],
+            color=cmap(norm(value)) if math.isfinite(value) else "lightgray",
+            alpha=0.8,
+            linewidth=1.2,
+            marker="o",
+            markersize=3,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_xlim(-0.3, len(names) - 0.4)
+    ax.set_ylim(-0.08, 1.08)
+    ax.set_yticks([])
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
+    ax.set_title(f"parallel coordinates of {len(rows)} complete trials (a line skips parameters its trial did not have)")
+    fig.tight_layout()
+    return fig
+
+
+def retrieval_examples(
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    *,
+    queries: int = 8,
+    k: int = 8,
+    seed: int = 0,
+    gallery_embeddings: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Query indices (Q,) of ``queries`` different classes (seeded) and their ``k`` nearest neighbours (Q, k) by cosine similarity.
+
+    Neighbours are indices into ``embeddings`` without the query itself, or into
+    ``gallery_embeddings`` when given. Ties are broken by the lower index.
+    """
+    x = np.asarray(embeddings, dtype=np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    g = x if gallery_embeddings is None else np.asarray(gallery_embeddings, dtype=np.float64)
+    g = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-12)
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    classes = rng.permutation(np.unique(labels))[:queries]
+    picked = np.array([rng.choice(np.flatnonzero(labels == c)) for c in classes], dtype=int)
+    similarity = x[picked] @ g.T
+    if gallery_embeddings is None:
+        similarity[np.arange(len(picked)), picked] = -np.inf
+    order = np.argsort(-similarity, axis=1, kind="stable")[:, :k]
+    return picked, order
+
+
+def retrieval_grid(
+    query_images: list[np.ndarray],
+    neighbour_images: list[list[np.ndarray]],
+    correct: np.ndarray,
+    path: str | Path,
+    *,
+    title: str = "",
+) -> Path:
+    """One row per query: the query image, then its neighbours best first; wrong matches outlined in red, right ones in green.
+
+    images: uint8 (H, W) or (H, W, 3); ``correct`` (Q, k) bool: the neighbour has the query's class.
+    """
+    rows, k = len(query_images), max((len(n) for n in neighbour_images), default=0)
+    fig = Figure(figsize=(1.25 * (k + 1) + 0.4, 1.3 * rows + 0.6))
+    grid = fig.subplots(rows, k + 1, squeeze=False)
+    for r in range(rows):
+        cells = [(query_images[r], None)] + [(img, bool(correct[r, j])) for j, img in enumerate(neighbour_images[r])]
+        for c, ax in enumerate(grid[r]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(cells):
+                ax.axis("off")
+                continue
+            image, right = cells[c]
+            ax.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=255)
+            color, width = ("black", 1.0) if right is None else (("tab:green", 2.0) if right else ("red", 4.0))
+            for spine in ax.spines.values():
+                spine.set_edgecolor(color)
+                spine.set_linewidth(width)
+            if r == 0:
+                ax.set_title("query" if c == 0 else f"#{c}", fontsize=9)
+    fig.suptitle(title or "retrieval on the test classes: query, then its nearest neighbours (wrong class outlined in red)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=90)
+    return path
+
+
+def tsne_map(embeddings: np.ndarray, labels: np.ndarray, path: str | Path, *, classes: int = 20, seed: int = 0, title: str = "") -> Path:
+    """A 2-D t-SNE map (scikit-learn, cosine distance) of the embeddings of ``classes`` classes (seeded), coloured by class."""
+    from sklearn.manifold import TSNE
+
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.permutation(np.unique(labels))[:classes])
+    keep = np.isin(labels, chosen)
+    x = np.asarray(embeddings, dtype=np.float32)[keep]
+    perplexity = float(min(30.0, max(2.0, (len(x) - 1) / 3)))
+    points = TSNE(2, metric="cosine", init="pca", perplexity=perplexity, random_state=seed).fit_transform(x)
+    fig = Figure(figsize=(7, 6.5))
+    ax = fig.subplots()
+    cmap = colormaps["tab20"]
+    for i, c in enumerate(chosen):
+        members = labels[keep] == c
+        ax.scatter(points[members, 0], points[members, 1], s=12, color=cmap(i % 20), alpha=0.85, linewidths=0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or f"t-SNE of test embeddings: {len(chosen)} classes, {len(x)} images, one colour per class", fontsize=10)
+    fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)
     return path

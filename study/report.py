@@ -79,25 +79,32 @@ def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> l
 
 
 def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> str:
-    """The papers' layout: one row per metric, one column per configuration, mean +- sample std over seeds (in %)."""
+    """The papers' layout: one row per metric, one column per configuration, mean ± sample std over seeds (in %).
+
+    A cell of one seed reads ``72.1 (n = 1)``: one value has no spread. With more
+    than one column, the cells whose mean, as printed, is the row's best are in
+    bold (ties all bold), and the caption says so; with one column it does not.
+    """
     names = list(columns)
     lines = ["| metric (%) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label, key in TABLE_METRICS:
+        values = {n: [scale * m[key] for m in columns[n] if key in m] for n in names}
+        shown = {n: f"{np.mean(v):.1f}" for n, v in values.items() if v}
+        best = max(shown.values(), key=float, default=None)
         cells = []
-        means = {n: float(np.mean([m[key] for m in columns[n] if key in m])) if any(key in m for m in columns[n]) else None for n in names}
-        best = max((v for v in means.values() if v is not None), default=None)
         for n in names:
-            values = [m[key] for m in columns[n] if key in m]
-            if not values:
+            if not values[n]:
                 cells.append("-")
                 continue
-            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-            cell = f"{scale * means[n]:.1f} ± {scale * std:.1f}"
-            cells.append(f"**{cell}**" if means[n] == best and len(names) > 1 else cell)
+            spread = f" ± {np.std(values[n], ddof=1):.1f}" if len(values[n]) > 1 else f" (n = {len(values[n])})"
+            cell = shown[n] + spread
+            cells.append(f"**{cell}**" if len(names) > 1 and float(shown[n]) == float(best) else cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     seeds = sorted({len(v) for v in columns.values()})
-    lines.append("")
-    lines.append(f"Mean ± sample standard deviation over {'/'.join(map(str, seeds))} seed(s); the best mean of each row in bold.")
+    caption = f"Mean ± sample standard deviation over {'/'.join(map(str, seeds))} seed(s)" + (
+        "; n = 1 marks a single seed (no spread)" if 1 in seeds else ""
+    )
+    lines += ["", caption + ("; the best mean of each row in bold." if len(names) > 1 else ".")]
     return "\n".join(lines)
 
 
@@ -218,17 +225,22 @@ def best_config(client, parent, out: Path) -> list[str]:
     return ["The best trial's config (`best_config.yaml`, what `study.final --study` retrains):", "", "```yaml", text.rstrip(), "```", ""]
 
 
-def importances(client, parent, out: Path) -> list[str]:
-    """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
+def _optuna_study(parent):
+    """The study's Optuna study, from the storage its parent run names (raises when that storage is gone)."""
     import optuna
 
     from study.search import open_storage
 
+    return optuna.load_study(study_name=parent.data.tags.get("study_name"), storage=open_storage(parent.data.params.get("optuna_storage")))
+
+
+def importances(client, parent, out: Path) -> list[str]:
+    """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
+    import optuna
+
     lines = ["## Parameter importances", ""]
     try:
-        study = optuna.load_study(
-            study_name=parent.data.tags.get("study_name"), storage=open_storage(parent.data.params.get("optuna_storage"))
-        )
+        study = _optuna_study(parent)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
             values = optuna.importance.get_param_importances(study)
@@ -246,10 +258,102 @@ def importances(client, parent, out: Path) -> list[str]:
     return [*lines, f"![parameter importances]({path.name})", ""]
 
 
-def learning_curves(histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, out: Path) -> list[str]:
+def _mark(steps: list[float]) -> float | tuple[float, float]:
+    """One epoch, or the (first, last) span where the runs differ."""
+    return steps[0] if len(set(steps)) == 1 else (min(steps), max(steps))
+
+
+def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, float]]:
+    """Where the learning curves' steps meet the early stopping and the heating: {label: step, or (first, last) step}.
+
+    Stock ASHA (and fifo) judges at the rung epochs of one schedule, and heating starts at
+    ``heating_start`` x epochs. With budget-aware rungs every budget is its own schedule, and a
+    trial's steps count the epochs it trained; a budget ends, and the last budget's heating
+    starts, at the steps read from the trial's ``budget`` and ``epoch`` records.
+    """
+    params = parent.data.params
+    max_epochs = int(params.get("epochs", 0))
+    if not max_epochs:
+        return {}
+    grace, factor = int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3))
+    budget_rungs = params.get("scheduler") == "budget"
+    ends: dict[int, list[float]] = {}
+    heating: list[float] = []
+    for r in trials:
+        p = r.data.params
+        heated = p.get("loss", "softmax") == "softmax" and p.get("heating", "none") != "none" and "heating_start" in p
+        if not budget_rungs:
+            heating += [float(p["heating_start"]) * max_epochs] if heated else []
+            continue
+        budget, epoch = _history(client, r.info.run_id, "budget"), _history(client, r.info.run_id, "epoch")
+        for step, b in budget.items():
+            if epoch.get(step) == b:
+                ends.setdefault(int(b), []).append(step)
+        if heated and budget:
+            last = max(budget.values())
+            first = min(step for step, b in budget.items() if b == last)  # the step of its epoch epoch[first]
+            heating.append(first - epoch.get(first, 1) + float(p["heating_start"]) * last)
+    if budget_rungs:
+        marks = {f"budget {b} ends": _mark(steps) for b, steps in sorted(ends.items()) if b < max_epochs}
+    else:
+        marks = {f"ASHA rung at epoch {rung}": float(rung) for rung in asha_rungs(grace, factor, max_epochs)}
+    if heating:
+        marks["heating starts" + (" (range over trials)" if len(set(heating)) > 1 else "")] = _mark(heating)
+    return marks
+
+
+def learning_curves(
+    histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, out: Path, marks: dict | None = None
+) -> list[str]:
     title = f"{metric} against epoch, all {len(histories)} trials"
-    path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states)
+    path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states, marks=marks)
     return ["## Validation metric against epoch", "", f"![learning curves]({path.name})", ""]
+
+
+def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict[int, float]], metric: str, out: Path) -> list[str]:
+    """The complete trials' parameters and ``metric`` as parallel coordinates, each trial on the axes of the parameters it had.
+
+    From the Optuna study (a trial's params are the ones it sampled, so a conditional parameter
+    is absent where its condition was false); if the storage is gone, from the trials' MLflow
+    params (values "None" or empty taken as absent). Parameters with one value in every trial are left out.
+    """
+    rows, values, log_params, choices = [], [], set(), {}
+    try:
+        import optuna
+
+        study = _optuna_study(parent)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            rows.append(dict(t.params))
+            values.append(float(t.value))
+            for name, dist in t.distributions.items():
+                if getattr(dist, "log", False):
+                    log_params.add(name)
+                if isinstance(dist, optuna.distributions.CategoricalDistribution):
+                    choices[name] = list(dist.choices)
+    except Exception:  # storage moved or unreachable: the MLflow records
+        for r in trials:
+            key = _trial_key(r)
+            if r.data.tags.get("optuna_state", r.data.tags.get("trial_state")) != "COMPLETE" or not histories.get(key):
+                continue
+            rows.append({k: _param_value(v) for k, v in r.data.params.items() if v not in ("None", "")})
+            values.append(list(histories[key].values())[-1])
+    varying = {name for name in {n for row in rows for n in row} if len({str(row.get(name)) for row in rows}) > 1}
+    rows = [{k: v for k, v in row.items() if k in varying} for row in rows]
+    lines = ["## Parallel coordinates", ""]
+    if len(rows) < 2 or not varying:
+        return [*lines, "(fewer than two complete trials, or no parameter that varies)", ""]
+    path = plots.parallel_coordinates(rows, values, out / "parallel_coordinates.png", metric=metric, log_params=log_params, choices=choices)
+    return [*lines, f"![parallel coordinates]({path.name})", ""]
+
+
+def _param_value(text: str) -> Any:
+    """An MLflow param (a string) as the number it spells, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def finished_schedules(client, trials: list, histories: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
@@ -319,7 +423,8 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
         *top_trials(trials, histories, states, metric, mode, top),
         *best_config(client, parent, out),
         *importances(client, parent, out),
-        *learning_curves(histories, states, metric, out),
+        *parallel_coordinates(client, parent, trials, histories, metric, out),
+        *learning_curves(histories, states, metric, out, curve_marks(client, parent, trials)),
         *early_stopping(parent, histories, metric, finished_schedules(client, trials, histories) if budget_rungs else None),
         *study_finals(client, parent, out),
     ]
@@ -368,7 +473,28 @@ def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[str]:
         lines += [f"![mean-proxy norm]({path.name})", ""]
     else:
         lines += ["(no softmax-family run: the mean-proxy norm is not defined for ICE)", ""]
-    return lines + similarity_histograms(client, groups, out)
+    return lines + similarity_histograms(client, groups, out) + embedding_pictures(client, groups, out)
+
+
+PICTURES = (  # artifacts of a study.final seed run: (file name prefix, what it shows)
+    ("retrieval_grid", "test queries and their 8 nearest neighbours, wrong classes outlined in red"),
+    ("tsne", "t-SNE map of the test embeddings, one colour per class"),
+)
+
+
+def embedding_pictures(client, groups: dict[str, list], out: Path) -> list[str]:
+    """The retrieval grid and the t-SNE map that study.final logged for each configuration's first seed."""
+    lines = []
+    for conf, runs in groups.items():
+        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
+        logged = [a.path for a in client.list_artifacts(first.info.run_id)]
+        for prefix, caption in PICTURES:
+            names = [name for name in logged if name.startswith(prefix) and name.endswith(".png")]
+            if names:
+                target = out / f"{prefix}_{_slug(conf)}.png"
+                Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
+                lines += [f"{conf} (seed {first.data.tags.get('seed')}), {caption}:", "", f"![{prefix}]({target.name})", ""]
+    return lines
 
 
 def grid_report(client, parent, out: Path) -> list[str]:
@@ -415,7 +541,102 @@ def write_report(client, parent, out: Path, top: int = 10) -> Path:
     shutil.rmtree(out / "tmp", ignore_errors=True)
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
+    title = parent.data.tags.get("study_name", "report")
+    (out / "report.html").write_text(markdown_html("\n".join(lines), out, title=f"study.report: {title}"))
     return path
+
+
+# -- report.html: the same report, one self-contained file ---------------------------------------------------------------
+
+HTML_STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 1.5em auto; padding: 0 1em;
+       color: #1b1f24; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
+th, td { border: 1px solid #c9ced6; padding: 0.3em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f0f2f5; }
+code { background: #f0f2f5; padding: 0.1em 0.3em; border-radius: 3px; }
+pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; }
+pre code { background: none; padding: 0; }
+img { max-width: 100%; height: auto; border: 1px solid #e1e4e8; margin: 0.3em 0; }
+"""
+
+
+def _inline(text: str, folder: Path) -> str:
+    """Markdown inline syntax of the report (code, bold, images of ``folder`` embedded as base64) as HTML."""
+    import base64
+    import html
+
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for part in parts:
+        if part.startswith("`") and part.endswith("`") and len(part) >= 2:
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+            continue
+        piece = html.escape(part, quote=False)
+        piece = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", piece)
+
+        def image(match: re.Match) -> str:
+            alt, name = match.group(1), match.group(2)
+            file = folder / name
+            if not file.is_file():
+                return f"[missing image {html.escape(name)}]"
+            data = base64.b64encode(file.read_bytes()).decode("ascii")
+            return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+        out.append(re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, piece))
+    return "".join(out)
+
+
+def markdown_html(text: str, folder: Path, title: str) -> str:
+    """The report's Markdown (headings, paragraphs, lists, tables, code blocks, images) as one self-contained HTML page.
+
+    Images are read from ``folder`` and embedded as data: URIs, so the page needs no other file and
+    renders in MLflow's artifact viewer; nothing is fetched and no script runs.
+    """
+    import html
+
+    body: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
+            body.append("<pre><code>" + html.escape("\n".join(lines[i + 1 : end])) + "</code></pre>")
+            i = end + 1
+        elif heading := re.match(r"(#{1,6}) (.*)", line):
+            level = len(heading.group(1))
+            body.append(f"<h{level}>{_inline(heading.group(2), folder)}</h{level}>")
+            i += 1
+        elif line.startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].startswith("|"):
+                block.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            rows = [row for row in block if not all(re.fullmatch(r":?-+:?", c) for c in row)]
+            head, *rest = rows
+            table = ["<table>", "<tr>" + "".join(f"<th>{_inline(c, folder)}</th>" for c in head) + "</tr>"]
+            table += ["<tr>" + "".join(f"<td>{_inline(c, folder)}</td>" for c in row) + "</tr>" for row in rest]
+            body.append("\n".join([*table, "</table>"]))
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:], folder)}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+        elif line.strip():
+            paragraph = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"(#{1,6} |\||- |```)", lines[i]):
+                paragraph.append(lines[i])
+                i += 1
+            body.append("<p>" + _inline(" ".join(paragraph), folder) + "</p>")
+        else:
+            i += 1
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{HTML_STYLE}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
+    )
 
 
 # -- the command -----------------------------------------------------------------------------------------------------

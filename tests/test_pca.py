@@ -17,7 +17,7 @@ from sklearn.decomposition import PCA
 
 from trainables.core.checkpoint import load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.models import PCAReduction, EmbeddingNet
+from trainables.core.models import EmbeddingNet, PCAReduction
 
 SMALL = dict(dataset="synthetic", classes_per_batch=8, samples_per_class=2, embedding_dim=16, normalization="l2", heating="none")
 

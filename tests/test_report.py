@@ -161,6 +161,8 @@ def test_paper_table_single_column_and_missing_metric():
     rows = table_rows(paper_table({"best": only}))
     assert rows["R@1"] == ["60.0 ± 14.1"]  # one column: nothing to bold
     assert rows["NMI"] == rows["MAP@R"] == ["-"]
+    one = table_rows(paper_table({"a": [{"test_recall_at_1": 0.5}], "b": [{"test_recall_at_1": 0.7}, {"test_recall_at_1": 0.5}]}))
+    assert one["R@1"] == ["50.0 (n = 1)", "**60.0 ± 14.1**"]  # one seed: no spread to show
 
 
 # -- study.report: errors ----------------------------------------------------------------------------------------------
@@ -322,6 +324,11 @@ def assert_grid_report(client, uri: str, parent, by_conf: dict[str, list], out: 
     assert sum(name.startswith("similarity_") for name in images) == 2  # one histogram per configuration
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert "report/report.md" in logged and {f"report/{name}" for name in images} <= logged
+    # report.html: the same report in one file, with every picture embedded (study.final logged a retrieval grid and a t-SNE map)
+    assert "report/report.html" in logged
+    html = (out / "report.html").read_text()
+    assert sum(name.startswith(("retrieval_grid_", "tsne_")) for name in images) == 4  # two per configuration
+    assert html.count('src="data:image/png;base64,') == len(images) and 'src="' + images[0] not in html
 
 
 def test_finished_schedules_read_each_budget_at_its_end():

@@ -1,0 +1,337 @@
+"""Tests of what study.report shows people: report.html (self-contained, images embedded), the papers' table
+(bold where the printed mean is best, n = 1 for one seed), plots with integer epochs and marks, parallel
+coordinates without inactive parameters, and the retrieval grid / t-SNE pictures of final runs.
+
+References: HTML parsed back with the standard library's html.parser; PNG bytes compared with the files;
+nearest neighbours and marks worked out by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import numpy as np
+import pytest
+
+from study import plots, report
+from study.report import curve_marks, markdown_html, paper_table
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"not really a picture, but bytes to compare"
+
+
+class Page(HTMLParser):
+    """Tags, image sources, and the text of every table cell and <strong> of an HTML page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.images: list[str] = []
+        self.cells: list[list[str]] = []
+        self.strong: list[str] = []
+        self.links: list[str] = []
+        self._stack: list[str] = []
+        self._text: dict[str, str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        for key in ("href", "src"):
+            if key in attrs and tag != "img":
+                self.links.append(attrs[key])
+        if tag == "tr":
+            self.cells.append([])
+        if tag in ("td", "th", "strong"):
+            self._stack.append(tag)
+            self._text[tag] = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.cells[-1].append(self._text.pop(tag).strip())
+            self._stack.remove(tag)
+        if tag == "strong":
+            self.strong.append(self._text.pop(tag))
+            self._stack.remove(tag)
+
+    def handle_data(self, data):
+        for tag in self._stack:
+            self._text[tag] += data
+
+
+def parse(text: str) -> Page:
+    page = Page()
+    page.feed(text)
+    page.close()
+    return page
+
+
+# -- report.html ---------------------------------------------------------------------------------------------------------
+
+
+def test_markdown_html_is_self_contained_with_the_images_embedded(tmp_path):
+    (tmp_path / "curve.png").write_bytes(PNG)
+    text = "\n".join(
+        [
+            "# Study x <1>",
+            "",
+            "- space: `default`, 4 trials",
+            "- status: FINISHED",
+            "",
+            "| metric (%) | A | B |",
+            "|---|---|---|",
+            "| R@1 | **72.0 ± 1.0** | 70.0 (n = 1) |",
+            "",
+            "A paragraph with **bold** and `code <b>`",
+            "on two lines: ![the curve](curve.png)",
+            "",
+            "```yaml",
+            "loss: softmax  # **not bold** in code",
+            "```",
+        ]
+    )
+    html = markdown_html(text, tmp_path, title="t")
+    page = parse(html)
+    assert page.tags.count("h1") == 1 and "Study x &lt;1&gt;" in html
+    assert page.tags.count("li") == 2 and page.tags.count("pre") == 1
+    assert page.cells == [["metric (%)", "A", "B"], ["R@1", "72.0 ± 1.0", "70.0 (n = 1)"]]
+    assert page.strong == ["72.0 ± 1.0", "bold"]  # the code block keeps its asterisks
+    assert "**not bold**" in html and "<code>code &lt;b&gt;</code>" in html
+    # one image, embedded: its data URI decodes to the file's bytes; nothing else is referenced
+    assert len(page.images) == 1 and page.images[0].startswith("data:image/png;base64,")
+    assert base64.b64decode(page.images[0].split(",", 1)[1]) == PNG
+    assert page.links == [] and "<script" not in html
+    assert "![" not in html and "**bold**" not in html.split("<pre>")[0]
+
+
+def test_markdown_html_names_a_missing_image(tmp_path):
+    page = parse(markdown_html("![gone](nothing.png)", tmp_path, title="t"))
+    assert page.images == []
+    assert "[missing image nothing.png]" in markdown_html("![gone](nothing.png)", tmp_path, title="t")
+
+
+# -- the papers' table ------------------------------------------------------------------------------------------------------
+
+
+def test_paper_table_bold_is_the_best_printed_mean_and_one_seed_reads_n_1(tmp_path):
+    columns = {
+        "A": [{"test_recall_at_1": 0.7201, "test_nmi": 0.50}, {"test_recall_at_1": 0.7205, "test_nmi": 0.52}],  # R@1 72.03
+        "B": [{"test_recall_at_1": 0.7204, "test_nmi": 0.60}],  # one seed, R@1 72.04
+        "C": [{"test_recall_at_1": 0.6000, "test_nmi": 0.40}, {"test_recall_at_1": 0.6200, "test_nmi": 0.40}],
+    }
+    text = paper_table(columns)
+    page = parse(markdown_html(text, tmp_path, title="t"))
+    rows = {row[0]: row[1:] for row in page.cells[1:]}
+    # by hand: R@1 means 72.03 (A), 72.04 (B), 61.0 (C); printed with one decimal A and B both read 72.0, so both are
+    # bold: the bold marks every cell whose printed mean is the best printed mean
+    assert rows["R@1"] == ["72.0 ± 0.0", "72.0 (n = 1)", "61.0 ± 1.4"]
+    assert set(page.strong) == {"72.0 ± 0.0", "72.0 (n = 1)", "60.0 (n = 1)"}
+    assert rows["NMI"] == ["51.0 ± 1.4", "60.0 (n = 1)", "40.0 ± 0.0"]
+    assert rows["MAP@R"] == ["-", "-", "-"]
+    assert "± 0.0" not in rows["NMI"][1] and "the best mean of each row in bold" in text
+    assert "1/2 seed(s); n = 1 marks a single seed" in text
+    # every row with a value has its best in bold: the caption's claim holds
+    for label, cells in rows.items():
+        if label in ("NMI", "R@1"):
+            best = max(float(c.split()[0]) for c in cells)
+            assert [float(c.split()[0]) == best for c in cells] == [c in page.strong for c in cells], label
+
+
+def test_paper_table_with_one_column_claims_no_bold():
+    text = paper_table({"only": [{"test_recall_at_1": 0.5}]})
+    assert "| R@1 | 50.0 (n = 1) |" in text and "**" not in text and "bold" not in text
+
+
+# -- plots --------------------------------------------------------------------------------------------------------------
+
+
+def test_curves_have_integer_epoch_ticks_and_the_marks():
+    series = {"a": {1: 0.1, 2: 0.4, 3: 0.5}, "b": {1: 0.2, 2: 0.3}}
+    fig = plots.curves_figure(series, ylabel="m", title="t", marks={"ASHA rung at epoch 1": 1.0, "heating starts": (2.25, 2.5)})
+    ax = fig.axes[0]
+    fig.canvas.draw() if hasattr(fig.canvas, "draw") else None
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if low <= t <= high]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    vertical = [line for line in ax.lines if len(set(line.get_xdata())) == 1 and line.get_label() == "ASHA rung at epoch 1"]
+    assert len(vertical) == 1 and vertical[0].get_xdata()[0] == 1.0
+    spans = [p for p in ax.patches if p.get_label() == "heating starts"]
+    assert len(spans) == 1
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"ASHA rung at epoch 1", "heating starts"}
+
+
+def test_parallel_coordinates_draw_each_trial_on_its_own_parameters():
+    rows = [
+        {"loss": "softmax", "alpha": 4.0, "lr": 1e-3},
+        {"loss": "ice", "ice_scale": 32.0, "lr": 1e-2},
+        {"loss": "softmax", "alpha": 16.0, "lr": 1e-4},
+    ]
+    fig = plots.parallel_coordinates_figure(
+        rows, [0.9, 0.8, 0.7], metric="val_recall_at_1", log_params={"lr"}, choices={"loss": ["softmax", "ice"]}
+    )
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert sorted(names) == ["alpha", "ice_scale", "loss", "lr"]
+    trial_lines = [line for line in ax.lines if line.get_marker() == "o"]
+    assert sorted(len(line.get_xdata()) for line in trial_lines) == [3, 3, 3]  # each trial on the 3 axes it had
+    texts = [t.get_text() for t in ax.texts]
+    assert "None" not in texts and "nan" not in texts
+    assert {"softmax", "ice", "0.0001", "0.01"} <= set(texts)  # category names; a log axis labelled at its ends
+    ice = next(line for line in trial_lines if names.index("ice_scale") in line.get_xdata())
+    assert names.index("alpha") not in ice.get_xdata()
+
+
+def test_retrieval_examples_by_hand():
+    # 2-D embeddings; cosine similarity orders neighbours by angle
+    x = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [1.0, 0.5], [-1.0, 0.0]])
+    labels = np.array([0, 0, 1, 1, 2])
+    queries, neighbours = plots.retrieval_examples(x, labels, queries=3, k=2, seed=0)
+    assert sorted(labels[queries].tolist()) == [0, 1, 2]  # one query per class
+    by_hand = {0: [1, 3], 1: [0, 3], 2: [3, 1], 3: [1, 2], 4: [2, 3]}  # the query itself never returned
+    for q, row in zip(queries, neighbours):
+        assert row.tolist() == by_hand[int(q)], q
+    gallery = np.array([[0.0, -1.0], [1.0, 0.0]])
+    _, in_gallery = plots.retrieval_examples(x, labels, queries=3, k=1, seed=0, gallery_embeddings=gallery)
+    assert set(in_gallery.ravel().tolist()) <= {0, 1}
+
+
+def test_retrieval_grid_and_tsne_map_write_pngs(tmp_path):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (12, 12), dtype=np.uint8) for _ in range(3)]
+    correct = np.array([[True, False], [False, False], [True, True]])
+    grid = plots.retrieval_grid(images, [images[:2]] * 3, correct, tmp_path / "grid.png")
+    labels = np.repeat(np.arange(6), 5)
+    embeddings = rng.normal(size=(30, 8)) + 4 * np.eye(8)[labels]
+    tsne = plots.tsne_map(embeddings, labels, tmp_path / "tsne.png", classes=4)
+    for path in (grid, tsne):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- marks of the learning curves --------------------------------------------------------------------------------------------
+
+
+def _trial(run_id: str, **params):
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id, run_name=run_id), data=SimpleNamespace(params=params, tags={}))
+
+
+def test_curve_marks_of_stock_asha_and_of_budget_rungs():
+    asha = SimpleNamespace(data=SimpleNamespace(params={"epochs": "9", "grace_period": "1", "reduction_factor": "3"}))
+    heated = _trial("a", loss="softmax", heating="two_stage", heating_start="0.75")
+    plain = _trial("b", loss="ice", heating="two_stage", heating_start="0.5")  # ICE does not heat
+    assert curve_marks(None, asha, [heated, plain]) == {"ASHA rung at epoch 1": 1.0, "ASHA rung at epoch 3": 3.0, "heating starts": 6.75}
+
+    # budgets 2, 4: trial a promoted (budget 4 resumed after its epoch 1: steps 3-5 are epochs 2-4), trial b stopped at budget 2
+    logged = {("a", "budget"): [2, 2, 4, 4, 4], ("a", "epoch"): [1, 2, 2, 3, 4], ("b", "budget"): [2, 2], ("b", "epoch"): [1, 2]}
+
+    class Client:
+        def get_metric_history(self, run_id, key):
+            return [SimpleNamespace(step=i + 1, value=v, timestamp=i) for i, v in enumerate(logged.get((run_id, key), []))]
+
+    ladder = SimpleNamespace(
+        data=SimpleNamespace(params={"epochs": "4", "grace_period": "2", "reduction_factor": "2", "scheduler": "budget"})
+    )
+    b = _trial("b", loss="softmax", heating="none", heating_start="0.75")
+    # budget 2 ends at step 2 in both; a's budget 4 starts at step 3 = its epoch 2, so its epoch 3.0 (0.75 x 4) ends at step 4
+    assert curve_marks(Client(), ladder, [heated, b]) == {"budget 2 ends": 2, "heating starts": 4.0}
+
+
+# -- a grid report from hand-written records -----------------------------------------------------------------------------------
+
+
+def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("final", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(experiment, run_name="g", tags={"study_name": "g", "kind": "final_grid", "space": "g.yaml"}).info.run_id
+    client.set_terminated(parent, "FINISHED")
+    pictures = {}
+    for conf, seeds in (("PCA", [0]), ("FCR1", [0, 1])):
+        for seed in seeds:
+            tags = {"mlflow.parentRunId": parent, "kind": "final_seed", "configuration": conf, "seed": str(seed)}
+            run = client.create_run(experiment, run_name=f"{conf}-{seed}", tags=tags).info.run_id
+            client.log_param(run, "epochs", "2")
+            client.log_metric(run, "test_recall_at_1", 0.7 + 0.01 * seed + (0.05 if conf == "PCA" else 0))
+            for step in (1, 2):
+                client.log_metric(run, "train_loss", 1.0 / step, step=step)
+            for name in (f"retrieval_grid_seed{seed}.png", f"tsne_seed{seed}.png"):
+                file = tmp_path / "logged" / run / name
+                file.parent.mkdir(parents=True, exist_ok=True)
+                data = PNG + f"{conf} {name}".encode()
+                file.write_bytes(data)
+                client.log_artifact(run, str(file))
+                pictures[(conf, seed, name.split("_seed")[0])] = data
+            client.set_terminated(run, "FINISHED")
+    out = tmp_path / "report"
+    assert report.main(["--study", "g", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    html = (out / "report.html").read_text()
+    page = parse(html)
+    embedded = [base64.b64decode(src.split(",", 1)[1]) for src in page.images if src.startswith("data:image/png;base64,")]
+    assert len(embedded) == len(page.images)  # every image embedded
+    # each configuration's first seed: its retrieval grid and t-SNE map, the very bytes study.final logged
+    for conf in ("PCA", "FCR1"):
+        for kind in ("retrieval_grid", "tsne"):
+            assert pictures[(conf, 0, kind)] in embedded, (conf, kind)
+    assert pictures[("FCR1", 1, "tsne")] not in embedded
+    header = next(row for row in page.cells if row[0] == "metric (%)")
+    r1 = next(row for row in page.cells if row[0] == "R@1")
+    assert dict(zip(header[1:], r1[1:])) == {"PCA": "75.0 (n = 1)", "FCR1": "70.5 ± 0.7"}
+    assert page.strong == ["75.0 (n = 1)"]
+    md = (out / "report.md").read_text()
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) and all(Path(out / n).is_file() for n in re.findall(r"\]\(([^)]+\.png)\)", md))
+
+
+@pytest.mark.parametrize("with_storage", [True, False])
+def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, with_storage):
+    """A conditional parameter (ice_scale only with loss=ice): in Optuna only where sampled; from MLflow, "None" is absent."""
+    import optuna
+
+    from study.search import open_storage
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
+    storage = f"journal:{tmp_path / 'optuna.log'}"
+    parent = client.create_run(experiment, run_name="c", tags={"study_name": "c", "kind": "study"}).info.run_id
+    params = {"metric": "val_recall_at_1", "mode": "max", "epochs": 2, "grace_period": 1, "reduction_factor": 2, "optuna_storage": storage}
+    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+    client.set_terminated(parent, "FINISHED")
+    study = optuna.create_study(study_name="c", direction="maximize", storage=open_storage(storage))
+    seen_rows = []
+    for i, (loss, scale, value) in enumerate([("ice", 16.0, 0.9), ("softmax", None, 0.8), ("ice", 64.0, 0.85)]):
+        dists = {"loss": optuna.distributions.CategoricalDistribution(["softmax", "ice"])}
+        values = {"loss": loss}
+        if scale is not None:
+            dists["ice_scale"] = optuna.distributions.FloatDistribution(8, 128, log=True)
+            values["ice_scale"] = scale
+        study.add_trial(optuna.trial.create_trial(params=values, distributions=dists, value=value))
+        tags = {"mlflow.parentRunId": parent, "kind": "trial", "trial_id": f"t{i}", "optuna_state": "COMPLETE"}
+        run = client.create_run(experiment, run_name=f"t{i}", tags=tags).info.run_id
+        client.log_param(run, "loss", loss)
+        client.log_param(run, "ice_scale", "None" if scale is None else scale)
+        for step in (1, 2):
+            client.log_metric(run, "val_recall_at_1", value - 0.1 * (2 - step), step=step)  # ends at value
+        client.set_terminated(run, "FINISHED")
+        seen_rows.append(values)
+    if not with_storage:
+        (tmp_path / "optuna.log").unlink()
+    captured = {}
+    real = plots.parallel_coordinates
+
+    def spy(rows, values, path, **kwargs):
+        captured.update(rows=rows, values=values)
+        return real(rows, values, path, **kwargs)
+
+    report.plots.parallel_coordinates = spy
+    try:
+        assert report.main(["--study", "c", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--no-log"]) == 0
+    finally:
+        report.plots.parallel_coordinates = real
+    assert sorted(captured["rows"], key=str) == sorted(seen_rows, key=str)
+    assert sorted(captured["values"]) == pytest.approx([0.8, 0.85, 0.9])
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Parallel coordinates" in html and (tmp_path / "out" / "parallel_coordinates.png").is_file()
