@@ -175,3 +175,23 @@ def test_library_warnings_and_logs_go_to_the_log_file_while_the_command_runs(tmp
     # afterwards the process is as it was
     assert {name: list(logging.getLogger(name).handlers) for name in console.LIBRARY_LOGGERS} == before
     assert "RAY_AIR_NEW_OUTPUT" not in os.environ
+
+
+def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
+    trial = optuna.trial.create_trial(
+        value=0.8,
+        params={},
+        distributions={},
+        user_attrs={"tune_trial_id": "ab12cd34", "config": {"loss": "ice", "seed": 3, "dataset": "synthetic"}},
+    )
+    log = console.log_path("s")
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    metrics = {"wall_time_s": 60.0, "n_trials": 1, "n_complete": 1, "n_pruned": 0, "n_failed": 0, "epochs_spent": 4.0}
+    outcome = {"study_name": "s", "uri": "sqlite:///x.db", "experiment": "e", "metrics": metrics, "best": trial}
+    records.print_summary({**outcome, "best_config": trial.user_attrs["config"]}, "val_recall_at_1")
+    out = capsys.readouterr().out
+    assert f"{console.python_command('study.final')} --study s --experiment e\n" in out
+    assert "the model of seed 3" in out and "registered as s-embedding" in out
+    assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
+    assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out
