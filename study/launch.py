@@ -36,7 +36,7 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import checks, interrupts, locks, records, tracking
+from study import checks, console, interrupts, locks, records, tracking
 from study.interrupts import StopSignals
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
@@ -146,7 +146,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--study-name", repr(args.study_name), "letters, digits, '_', '.', '-' (no path separators or '..'), at most 100")
     if args.resume and not args.study_name:
         parser.error("--resume needs --study-name NAME (the study to continue)")
+    args.given = given_flags(parser, argv)
     return args
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> frozenset[str]:
+    """The flags the command line sets itself, defaults aside (``--resume`` takes the others from the study)."""
+    unset = object()
+    probe = argparse.Namespace(**{dest: unset for dest in vars(parser.parse_args([]))})
+    return frozenset(dest for dest, value in vars(parser.parse_args(argv, probe)).items() if value is not unset)
+
+
+# flags that define a study: the parent-run param that records each, and its type; --resume continues with the recorded value
+RECORDED_FLAGS = {
+    "space": ("space", str),
+    "dataset": ("fixed.dataset", str),
+    "epochs": ("epochs", int),
+    "num_samples": ("num_samples", int),
+    "scheduler": ("scheduler", str),
+    "grace_period": ("grace_period", int),
+    "reduction_factor": ("reduction_factor", float),
+    "sampler": ("sampler", str),
+    "seed": ("seed", int),
+    "metric": ("metric", str),
+    "confirm_top": ("confirm_top", int),
+    "confirm_seeds": ("confirm_seeds", int),
+    "max_concurrent": ("max_concurrent", int),
+    "cpus_per_trial": ("cpus_per_trial", float),
+    "gpus_per_trial": ("gpus_per_trial", float),
+}
+UNRECORDED_FLAGS = ("max_failures",)  # kept in the study's Tune state, which --resume restores as it was
+
+
+def recorded_value(flag: str, text: str) -> Any:
+    kind = RECORDED_FLAGS[flag][1]
+    return int(float(text)) if kind is int else kind(text)
+
+
+def resumed_args(args: argparse.Namespace, resumed: dict[str, str]) -> argparse.Namespace:
+    """With --resume: each study-defining flag takes the study's recorded value; a flag given with another value is refused."""
+    for flag in sorted(args.given & set(UNRECORDED_FLAGS)):
+        raise UsageError(f"--{flag.replace('_', '-')}: not changeable on --resume (the study keeps its own); drop it")
+    values = {}
+    for flag, (key, _) in RECORDED_FLAGS.items():
+        if key not in resumed or (flag == "sampler" and resumed[key] == "grid"):
+            continue  # a study recorded before this setting existed, or a grid space (no sampler applies)
+        values[flag] = recorded_value(flag, resumed[key])
+        given = getattr(args, flag)
+        if flag in args.given and given != values[flag] and not (flag == "space" and load_space(given).path == values[flag]):
+            raise UsageError(
+                f"--{flag.replace('_', '-')} {given}: study {args.study_name} runs with {resumed[key]}; "
+                "--resume continues a study with its own settings (drop the flag, or start a new study)"
+            )
+    return argparse.Namespace(**{**vars(args), **values})
 
 
 # ----------------------------------------------------------------------------- settings
@@ -221,6 +273,7 @@ class StudySettings:
             "fit_classes": self.fit_classes,
             "confirm_top": self.confirm_top,
             "confirm_seeds": self.confirm_seeds,
+            **({"data_root": self.data_root} if self.data_root else {}),
             **{f"fixed.{k}": v for k, v in self.space.fixed.items()},
         }
 
@@ -249,7 +302,10 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     tracking.check_reachable(uri)
     tracking.experiment_artifacts(uri, args.experiment)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
+    optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
     resumed = records.resumed_params(uri, args.experiment, args.study_name) if args.resume else {}
+    if resumed:
+        args = resumed_args(args, resumed)
     space = prepare_space(args, resumed)
     max_epochs = base_config(space).epochs
     scheduler, grace_period, reduction_factor = early_stopping_flags(args, resumed, max_epochs)
@@ -269,7 +325,7 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         data_root=data_root,
         fit_classes=fit_classes,
         storage_path=storage_path,
-        optuna_storage=checks.check_optuna_storage(args.optuna_storage or f"journal:{runs / 'optuna' / 'journal.log'}"),
+        optuna_storage=optuna_storage,
         tracking_uri=uri,
         scheduler=scheduler,
         grace_period=grace_period,
@@ -364,15 +420,20 @@ def check_storage(path: str) -> str:
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
 
 
+def local_ray_env(address: str | None) -> None:
+    """Without --address, the environment of the local Ray (LOCAL_RAY_ENV; a user's own settings win). Before ``import ray``."""
+    if address is None:
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
     """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here.
 
     The local Ray binds to 127.0.0.1 only when this is the first import of Ray in the process (as in ``main``).
     """
-    if address is None:
-        for key, value in LOCAL_RAY_ENV.items():
-            os.environ.setdefault(key, value)
+    local_ray_env(address)
     import ray
 
     ray.init(
@@ -543,6 +604,10 @@ def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records
     return selection
 
 
+class NothingToRun(Exception):
+    """--resume of a study that has finished."""
+
+
 def print_header(s: StudySettings) -> None:
     import ray
 
@@ -565,9 +630,12 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
     client = mlflow.MlflowClient(s.tracking_uri)
     with locks.study_lock(locks.lock_folder(s.optuna_storage, tracking.runs_dir()), s.name):
         parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
+        if s.resume and client.get_run(parent_id).info.status == "FINISHED":
+            raise NothingToRun(s.name)
         with ray_session(s.address), StopSignals().installed() as stops:
             with stops.deferred():  # no half-created study
                 study, parent_id = open_study(s, client, experiment_id, parent_id)
+                records.describe_optuna_study(study, parent_id, s.space.path, s.metric)
             started = time.time()
             with records.stopped_on_failure(client, experiment_id, parent_id):
                 recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
@@ -591,10 +659,17 @@ def main(argv: list[str] | None = None) -> int:
         with locks.store_setup_lock(tracking.resolve_tracking_uri(args.tracking_uri)):  # one driver migrates a new store
             settings = study_settings(args)
             tracking.setup(settings.tracking_uri, settings.experiment)
-        outcome = run_study(settings)
+        local_ray_env(settings.address)
+        import ray  # noqa: F401  (its import installs the console handler that library_output_to replaces)
+
+        with console.library_output_to(console.log_path(settings.name)):
+            outcome = run_study(settings)
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except NothingToRun:
+        print(f"study {settings.name} has finished: nothing left to run, nothing written. {next_steps(settings)}")
+        return 0
     except KeyboardInterrupt as error:
         print(interrupted_message(error, settings), file=sys.stderr)
         return interrupts.exit_code(error)
@@ -610,10 +685,15 @@ def main(argv: list[str] | None = None) -> int:
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
+def next_steps(settings: StudySettings) -> str:
+    report, final = console.python_command("study.report"), console.python_command("study.final")
+    return f"Its report: {report} --study {settings.name}; its best config retrained: {final} --study {settings.name}"
+
+
 def resume_hint(settings: StudySettings | None) -> str:
     if settings is None:
         return "nothing was started"
-    return f"its state is saved: continue it with  {sys.executable} -m study.launch --study-name {settings.name} --resume"
+    return f"its state is saved: continue it with  {console.python_command('study.launch')} --study-name {settings.name} --resume"
 
 
 def interrupted_message(error: KeyboardInterrupt, settings: StudySettings | None) -> str:

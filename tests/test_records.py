@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from collections import Counter
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from study import records
+from study.interrupts import StudyInterrupted
 from study.records import TrialRecorder
 from trainables.core.config import TrainConfig
 
@@ -197,7 +199,12 @@ def test_recorder_pickles_without_its_client_and_queue(tmp_path, mlflow_fake):
 
 # -- a study that stops early, and one that ends ----------------------------------------
 @pytest.mark.parametrize(
-    ("error", "status", "reason"), [(RuntimeError("disk full"), "FAILED", "disk full"), (KeyboardInterrupt(), "KILLED", "interrupted")]
+    ("error", "status", "reason"),
+    [
+        (RuntimeError("disk full"), "FAILED", "disk full"),
+        (KeyboardInterrupt(), "KILLED", "interrupted by SIGINT"),
+        (StudyInterrupted(signal.SIGTERM), "KILLED", "interrupted by SIGTERM"),
+    ],
 )
 def test_stopped_on_failure_marks_the_runs_and_reraises(tmp_path, mlflow_fake, error, status, reason):
     recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")

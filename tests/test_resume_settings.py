@@ -1,0 +1,55 @@
+"""--resume continues a study with its own settings: changed ones are refused, omitted ones come from the study."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+from study import launch, records, tracking
+
+
+@pytest.fixture
+def recorded_study(runs):
+    """A study's parent run and Tune folder as a launch leaves them (no trials: these tests stop before any)."""
+    argv = ["--space", "smoke", "--study-name", "s", "--seed", "3", "--epochs", "6", "--num-samples", "5", "--confirm-seeds", "0"]
+    settings = launch.study_settings(launch.parse_args(argv))
+    experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
+    client = mlflow.MlflowClient(settings.tracking_uri)
+    parent_id = records.create_parent_run(client, experiment_id, "s", settings.space.path, settings.parent_params())
+    (runs / "ray" / "s").mkdir(parents=True)
+    return client, parent_id
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--epochs", "12"], "--epochs 12: study s runs with 6"),
+        (["--num-samples", "40"], "--num-samples 40: study s runs with 5"),
+        (["--space", "ice"], "--space ice: study s runs with"),
+        (["--seed", "0"], "--seed 0: study s runs with 3"),  # the flag's default value, given on purpose
+        (["--scheduler", "fifo"], "--scheduler fifo: study s runs with budget"),
+        (["--max-failures", "3"], "--max-failures: not changeable on --resume"),
+    ],
+)
+def test_resume_refuses_a_changed_setting_in_one_line(recorded_study, capsys, flags, named):
+    client, parent_id = recorded_study
+    code = launch.main(["--study-name", "s", "--resume", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and err.count("\n") == 1, err
+    assert client.get_run(parent_id).info.status == "RUNNING"  # untouched: not reopened, not stopped
+
+
+def test_resume_takes_the_settings_the_command_line_leaves_out_from_the_study(recorded_study):
+    settings = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--epochs", "6"]))
+    assert (settings.seed, settings.max_epochs, settings.num_samples, settings.confirm_seeds) == (3, 6, 5, 0)
+    assert settings.space.name == "smoke"
+
+
+def test_resume_of_a_finished_study_says_so_and_writes_nothing(recorded_study, capsys):
+    client, parent_id = recorded_study
+    client.set_terminated(parent_id, status="FINISHED")
+    before = client.get_run(parent_id).data
+    assert launch.main(["--study-name", "s", "--resume"]) == 0
+    assert "study s has finished: nothing left to run" in capsys.readouterr().out
+    after = client.get_run(parent_id)
+    assert after.info.status == "FINISHED" and after.data.metrics == before.metrics and after.data.tags == before.tags
