@@ -216,6 +216,21 @@ class _BoundedLoader(yaml.SafeLoader):
         _expanded_nodes(node)
         return node
 
+    def construct_mapping(self, node, deep=False):
+        """A key given twice in one mapping is an error (PyYAML keeps the last silently); merged keys (<<) may be overridden."""
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                key = (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+                if key is None or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value!r} appears twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 def _expanded_nodes(root: yaml.Node) -> int:
     """The number of nodes of ``root`` with every alias expanded; ValueError past MAX_YAML_NODES or on a cycle."""

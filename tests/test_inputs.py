@@ -274,6 +274,15 @@ def test_yaml_that_expands_without_bound_is_refused(tmp_path, runs, capsys):
     assert tracking.read_yaml(with_merge, "x")["use"] == {"x": 1, "y": 2}
 
 
+def test_a_key_given_twice_is_refused_and_every_shipped_file_reads(tmp_path, runs, capsys):
+    twice = write(tmp_path / "twice.yaml", SMOKE.read_text() + "  lr: {type: float, low: 0.1, high: 0.2}\n")  # lr again
+    code, err = run_launch(["--space", str(twice)], capsys)
+    assert_refused(code, err, f"{twice}:18:3:", "key 'lr' appears twice")
+    root = Path(__file__).resolve().parents[1]
+    for path in [*sorted((root / "search_spaces").glob("*.yaml")), *sorted((root / "configs").glob("*.yaml"))]:
+        assert isinstance(tracking.read_yaml(path, "a shipped file"), dict), path
+
+
 def nested(key: str, mapping: str) -> str:
     """``key:`` holding the YAML mapping ``mapping``, indented."""
     return f"{key}:\n" + "".join(f"  {line}\n" for line in mapping.splitlines())
