@@ -6,6 +6,7 @@ checkpoint (an event on disk, never a fixed delay) and resume it.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 
 import pytest
 
+from study import launch
 from study.interrupts import StopSignals, StudyInterrupted, exit_code
 from tests.conftest import ROOT
 from tests.test_launch import study_records
@@ -109,3 +111,14 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
     assert parent[0].info.status == "FINISHED" and "failure_reason" not in parent[0].data.tags
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_full_or_read_only_disk_mid_study_ends_in_one_line_naming_the_file_and_the_resume(runs, capsys, monkeypatch, code):
+    def full_disk(settings):
+        raise OSError(code, os.strerror(code), str(runs / "optuna" / "journal.log"))
+
+    monkeypatch.setattr(launch, "run_study", full_disk)
+    assert launch.main(["--space", "smoke", "--study-name", "full"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"journal.log: {os.strerror(code)}" in err and "--study-name full --resume" in err

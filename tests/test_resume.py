@@ -56,7 +56,7 @@ def run_and_kill(argv: list[str], env: dict, until) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(until, 300, "the study to make progress")
+        wait_for(until, 900, "the study to make progress")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
