@@ -15,19 +15,12 @@ import torch
 import torch.nn.functional as F
 from sklearn.decomposition import PCA
 
+from tests.test_engine import one_thread  # noqa: F401 (the fixture: a tiny CNN on a shared CPU runs faster on one thread)
 from trainables.core.checkpoint import load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.models import EmbeddingNet, PCAReduction
 
 SMALL = dict(dataset="synthetic", classes_per_batch=8, samples_per_class=2, embedding_dim=16, normalization="l2", heating="none")
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def correlated_features(n: int = 300, dim: int = 12, seed: int = 0) -> np.ndarray:
@@ -161,7 +154,8 @@ def test_config_reduction_rules():
 # -- training, checkpoint and logged model ---------------------------------------------------------
 
 
-def test_fit_with_pca_fits_on_the_training_images_and_the_bundle_carries_it(one_thread, tmp_path):
+@pytest.mark.usefixtures("one_thread")
+def test_fit_with_pca_fits_on_the_training_images_and_the_bundle_carries_it(tmp_path):
     from study.pyfunc import EmbeddingModel
     from trainables.core.data import load_dataset
     from trainables.core.engine import embed, fit
