@@ -69,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
     a("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); every node of a cluster needs it at this path")
     a("--num-samples", type=int, help="number of trials (default: 16; a grid space runs each grid point once)")
-    a("--max-concurrent", type=int, default=2, help="trials running at once (default 2); each needs --cpus-per-trial CPUs")
+    a(
+        "--max-concurrent",
+        type=int,
+        help="trials running at once (default: as many as the cluster's CPUs and GPUs hold at --cpus-per-trial / --gpus-per-trial)",
+    )
     a("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial (default 1); torch uses that many threads")
     a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--epochs", type=int, help="epochs per trial, the ASHA max_t (default: the space's epochs)")
@@ -122,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     if args.num_samples is not None and args.num_samples < 1:
         bad("--num-samples", args.num_samples, "an integer >= 1")
-    if args.max_concurrent < 1:
+    if args.max_concurrent is not None and args.max_concurrent < 1:
         bad("--max-concurrent", args.max_concurrent, "an integer >= 1")
     if not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
         bad("--cpus-per-trial", args.cpus_per_trial, "a finite number > 0")
@@ -217,7 +221,7 @@ class StudySettings:
     scheduler: str  # budget, asha or fifo (study.schedulers)
     grace_period: int
     reduction_factor: float
-    max_concurrent: int
+    max_concurrent: int | None  # None: as many as the cluster holds (``slots``)
     cpus_per_trial: float
     gpus_per_trial: float
     max_failures: int
@@ -239,6 +243,18 @@ class StudySettings:
 
         return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor, self.stratify_by)
 
+    @functools.cached_property
+    def slots(self) -> int:
+        """Trials at once: --max-concurrent, else as many as the running Ray cluster's CPUs and GPUs hold."""
+        if self.max_concurrent is not None:
+            return self.max_concurrent  # as given: an autoscaling cluster may grow to it
+        import ray
+
+        from study.utilization import concurrent_slots
+
+        resources = ray.cluster_resources()
+        return concurrent_slots(10**6, resources.get("CPU", 1.0), self.cpus_per_trial, resources.get("GPU"), self.gpus_per_trial)
+
     @property
     def stratify_by(self) -> str | None:
         """The key whose values are compared apart by the budget scheduler: the loss family, when the space searches it."""
@@ -259,7 +275,7 @@ class StudySettings:
             "stratify_by": self.stratify_by or "none",
             "grace_period": self.grace_period,
             "reduction_factor": self.reduction_factor,
-            "max_concurrent": self.max_concurrent,
+            "max_concurrent": self.slots,
             "cpus_per_trial": self.cpus_per_trial,
             "gpus_per_trial": self.gpus_per_trial,
             "seed": self.seed,
@@ -520,7 +536,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
             metric=s.metric,
             mode=s.mode,
             num_samples=s.num_samples,
-            search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent),
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.slots),
             scheduler=scheduler,
         ),
         run_config=tune.RunConfig(
@@ -562,7 +578,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
             metric=s.metric,
             mode=s.mode,
             num_samples=len(configs),
-            search_alg=ConcurrencyLimiter(FixedConfigs(configs), max_concurrent=s.max_concurrent),
+            search_alg=ConcurrencyLimiter(FixedConfigs(configs), max_concurrent=s.slots),
             scheduler=FIFOScheduler(),
         ),
         run_config=tune.RunConfig(
@@ -614,7 +630,7 @@ def print_header(s: StudySettings) -> None:
     ray_address = ray.get_runtime_context().gcs_address
     print(
         f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
-        f"{s.metric} ({s.mode}), {s.max_concurrent} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
+        f"{s.metric} ({s.mode}), {s.slots} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
         flush=True,
     )
 

@@ -53,3 +53,14 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(recorded_study, c
     assert "study s has finished: nothing left to run" in capsys.readouterr().out
     after = client.get_run(parent_id)
     assert after.info.status == "FINISHED" and after.data.metrics == before.metrics and after.data.tags == before.tags
+
+
+def test_max_concurrent_defaults_to_what_the_cluster_holds(runs, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0, "memory": 1e9})  # the running cluster's resources
+    settings = launch.study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"]))
+    given = launch.study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"]))
+    assert settings.slots == 6  # 3 CPUs / 0.5 per trial
+    assert given.slots == 7  # as given: an autoscaling cluster may grow to it
+    assert settings.parent_params()["max_concurrent"] == 6  # what --resume continues with
