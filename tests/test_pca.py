@@ -17,7 +17,7 @@ from sklearn.decomposition import PCA
 
 from tests.test_engine import one_thread  # noqa: F401 (the fixture: a tiny CNN on a shared CPU runs faster on one thread)
 from trainables.core.checkpoint import load_bundle, save_bundle
-from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 from trainables.core.models import EmbeddingNet, PCAReduction
 
 SMALL = dict(dataset="synthetic", classes_per_batch=8, samples_per_class=2, embedding_dim=16, normalization="l2", heating="none")
@@ -149,6 +149,10 @@ def test_config_reduction_rules():
     for values, message in cases:
         with pytest.raises(ConfigError, match=message):
             TrainConfig.from_dict(values, source="x.yaml")
+    # best_config.yaml keeps dropout only where it acts
+    assert "dropout" not in applicable_keys(TrainConfig.from_dict({"embedding_reduction": "pca", "normalization": "l2"}))
+    fcr2 = TrainConfig.from_dict({"embedding_reduction": "fc_dropout", "dropout": 0.5})
+    assert {"embedding_reduction", "dropout"} <= set(applicable_keys(fcr2))
 
 
 # -- training, checkpoint and logged model ---------------------------------------------------------

@@ -202,7 +202,8 @@ def applicable_keys(config: TrainConfig) -> tuple[str, ...]:
     Left out: the other loss's keys (:data:`LOSS_KEYS`); heating's target and
     start without heating; ``lr_decay_start`` with a constant lr;
     ``heating_lr_factor`` unless ``lr_schedule`` is step (the factor of its
-    drop); ``momentum`` unless the optimizer is SGD. Changing a key left out
+    drop); ``momentum`` unless the optimizer is SGD; ``dropout`` unless
+    ``embedding_reduction`` is fc_dropout. Changing a key left out
     leaves training as it is, so these keys and the defaults of the others
     retrain the same model.
     """
@@ -215,6 +216,8 @@ def applicable_keys(config: TrainConfig) -> tuple[str, ...]:
         unused.add("heating_lr_factor")
     if config.optimizer != "sgd":
         unused.add("momentum")
+    if config.embedding_reduction != "fc_dropout":
+        unused.add("dropout")
     return tuple(key for key in TrainConfig.keys() if key not in unused)
 
 
