@@ -444,7 +444,7 @@ def pair_similarity_table(groups: dict[str, list], proxy: dict[str, dict[int, fl
         pos = np.mean([x["test_positive_similarity_mean"] for x in m if "test_positive_similarity_mean" in x] or [np.nan])
         neg = np.mean([x["test_negative_similarity_mean"] for x in m if "test_negative_similarity_mean" in x] or [np.nan])
         norm = f"{list(proxy[conf].values())[-1]:.3f}" if proxy.get(conf) else "-"
-        seconds = np.mean([x.get("time/total_s", np.nan) for x in m])
+        seconds = np.mean([x.get("time/total_s", x.get("time_total_s", np.nan)) for x in m])  # the second: records before the rename
         lines.append(f"| {conf} | {pos:.3f} | {neg:.3f} | {pos - neg:.3f} | {norm} | {seconds:.0f} s |")
     return [*lines, ""]
 
@@ -464,7 +464,10 @@ def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[st
 
 def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[str]:
     """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
-    proxy = {conf: _mean_over_seeds(client, runs, "train_mean_proxy_norm") for conf, runs in groups.items()}
+    proxy = {  # mean_proxy_norm: its name in records written before the train_ prefix
+        conf: _mean_over_seeds(client, runs, "train_mean_proxy_norm") or _mean_over_seeds(client, runs, "mean_proxy_norm")
+        for conf, runs in groups.items()
+    }
     proxy = {conf: values for conf, values in proxy.items() if values}
     lines = pair_similarity_table(groups, proxy)
     if proxy:

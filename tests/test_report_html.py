@@ -255,6 +255,7 @@ def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
             tags = {"mlflow.parentRunId": parent, "kind": "final_seed", "configuration": conf, "seed": str(seed)}
             run = client.create_run(experiment, run_name=f"{conf}-{seed}", tags=tags).info.run_id
             client.log_param(run, "epochs", "2")
+            client.log_metric(run, "time/total_s" if conf == "PCA" else "time_total_s", 100.0 + 2 * seed)  # the old name too
             client.log_metric(run, "test_recall_at_1", 0.7 + 0.01 * seed + (0.05 if conf == "PCA" else 0))
             for step in (1, 2):
                 client.log_metric(run, "train_loss", 1.0 / step, step=step)
@@ -281,6 +282,8 @@ def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
     r1 = next(row for row in page.cells if row[0] == "R@1")
     assert dict(zip(header[1:], r1[1:])) == {"PCA": "75.0 (n = 1)", "FCR1": "70.5 ± 0.7"}
     assert page.strong == ["75.0 (n = 1)"]
+    times = {row[0]: row[-1] for row in page.cells if len(row) == 6 and row[0] in ("PCA", "FCR1")}
+    assert times == {"PCA": "100 s", "FCR1": "101 s"}  # per seed: 100; (100 + 102) / 2
     md = (out / "report.md").read_text()
     assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) and all(Path(out / n).is_file() for n in re.findall(r"\]\(([^)]+\.png)\)", md))
 
