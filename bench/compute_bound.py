@@ -17,7 +17,7 @@ of 32 classes x 4 images, heated-up softmax):
   evaluation; train images/s and compute images/s as fractions of the bound.
 - **Variants of the compute step** side by side on the same pre-loaded batches (forward,
   loss, backward, Adam step): eager, channels_last, torch.compile (inductor, CPU) and both,
-  per thread count; compile time reported apart.
+  per thread count, timed in interleaved rounds; compile time reported apart.
 
 No GPU is used; on a machine without one the GPU parts of issue 12 (bf16, trials per GPU)
 are not measured here.
@@ -165,32 +165,47 @@ def gemm_gflop_s(n: int, repeats: int) -> float:
     return 2 * n**3 / timed(lambda: a @ b, repeats) / 1e9
 
 
-def compute_variant(run: engine.Run, batches, variant: str, steps: int) -> dict[str, Any]:
-    """Images/s of the compute step (forward, loss, backward, Adam) on pre-loaded batches, for one variant."""
+def prepare_variant(run: engine.Run, batches, variant: str) -> tuple[Any, float]:
+    """A step function ``i -> None`` (forward, loss, backward, Adam on batch ``i``) for one variant, and its compile seconds."""
     model, loss_fn = copy.deepcopy(run.model), copy.deepcopy(run.loss_fn)
     optimizer = torch.optim.Adam(list(model.parameters()) + list(loss_fn.parameters()), lr=1e-4)
-    channels_last = "channels_last" in variant
-    if channels_last:
+    if "channels_last" in variant:
         model = model.to(memory_format=torch.channels_last)
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
-    compile_s = 0.0
     if variant.startswith("compile"):
-        torch._dynamo.reset()  # inductor's CPU kernels take the thread count at compile time
         model = torch.compile(model)
-        started = time.perf_counter()
-        for x, y in batches[:2]:
-            step(model, loss_fn, optimizer, x, y)
-        compile_s = time.perf_counter() - started
-    for x, y in batches[:2]:  # warm-up
-        step(model, loss_fn, optimizer, x, y)
-    seconds = []
-    for i in range(steps):
+
+    def one(i: int) -> None:
         x, y = batches[i % len(batches)]
-        started = time.perf_counter()
         step(model, loss_fn, optimizer, x, y)
-        seconds.append(time.perf_counter() - started)
-    median = statistics.median(seconds)
-    return {"variant": variant, "step_s": median, "images_s": len(batches[0][1]) / median, "compile_s": compile_s, "steps": steps}
+
+    started = time.perf_counter()
+    one(0)  # compiles a compiled variant; a warm-up for the others
+    compile_s = time.perf_counter() - started if variant.startswith("compile") else 0.0
+    one(1)
+    return one, compile_s
+
+
+def compute_variants(run: engine.Run, batches, variants: list[str], steps: int) -> list[dict[str, Any]]:
+    """Images/s of the compute step for each variant, timed in rounds (one step of each variant per round) so drift hits all alike."""
+    torch._dynamo.reset()  # inductor's CPU kernels take the thread count at compile time
+    prepared, out = {}, {}
+    for variant in variants:
+        try:
+            prepared[variant] = prepare_variant(run, batches, variant)
+        except Exception as error:  # torch.compile without a working compiler, an unsupported op: say so, go on
+            out[variant] = {"variant": variant, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+    seconds: dict[str, list[float]] = {v: [] for v in prepared}
+    for i in range(steps):
+        for variant, (one, _) in prepared.items():
+            started = time.perf_counter()
+            one(i)
+            seconds[variant].append(time.perf_counter() - started)
+    batch = len(batches[0][1])
+    for variant, (_, compile_s) in prepared.items():
+        median = statistics.median(seconds[variant])
+        out[variant] = {"variant": variant, "step_s": median, "images_s": batch / median, "compile_s": compile_s, "steps": steps}
+    return [out[v] for v in variants]
 
 
 def engine_epochs(config: TrainConfig, data_root: str, epochs: int) -> list[dict[str, float]]:
@@ -239,16 +254,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         entry["peak_images_s"] = len(labels) * entry["gemm1024_gflop_s"] * 1e9 / flops  # every FLOP at the large GEMM's rate
         print(f"threads {threads}: compute-step variants", flush=True)
-        variants = []
-        for variant in args.variants:
-            try:
-                variants.append(compute_variant(run, batches, variant, args.steps))
-            except Exception as error:  # torch.compile without a working compiler, an unsupported op: say so, go on
-                variants.append({"variant": variant, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
-            v = variants[-1]
+        variants = compute_variants(run, batches, args.variants, args.steps)
+        for v in variants:
             if "images_s" in v:
                 v["fraction_of_bound"] = v["images_s"] / bound_images_s
-            print(f"  {variant}: {v.get('images_s', float('nan')):.0f} images/s {v.get('error', '')}", flush=True)
+            print(f"  {v['variant']}: {v.get('images_s', float('nan')):.0f} images/s {v.get('error', '')}", flush=True)
         entry["compute_variants"] = variants
         print(f"threads {threads}: engine.fit, 1 warm-up + {args.epochs} epochs", flush=True)
         epochs = engine_epochs(hbn_config(args.epochs + 1), args.data_root, args.epochs + 1)[1:]
