@@ -484,12 +484,9 @@ def open_optuna(settings: StudySettings, storage: optuna.storages.BaseStorage) -
 
 def open_study(settings: StudySettings, client, experiment_id: str, parent_id: str | None) -> tuple[optuna.Study, str]:
     """The Optuna study and the MLflow parent run, created together (with --resume: found); returns the parent's run id."""
-    import ray
-
     from study.search import open_storage
 
-    if settings.gpus_per_trial > 0 and ray.cluster_resources().get("GPU", 0) <= 0:
-        raise UsageError(f"--gpus-per-trial {settings.gpus_per_trial}: the Ray cluster has no GPUs; pass --gpus-per-trial 0")
+    checks.check_cluster_resources(settings.cpus_per_trial, settings.gpus_per_trial)  # else trials would wait forever
     if settings.optuna_storage.startswith("journal:"):
         Path(settings.optuna_storage.removeprefix("journal:")).parent.mkdir(parents=True, exist_ok=True)
     storage = open_storage(settings.optuna_storage)

@@ -90,6 +90,7 @@ def bad_inputs(tmp_path: Path) -> list[tuple[str, list[str], str]]:
         ("study name with ..", ["--study-name", "..x"], "--study-name"),
         ("--resume of a study that does not exist", ["--resume", "--study-name", "ghost"], "ghost"),
         ("--gpus-per-trial on a cluster without GPUs", ["--gpus-per-trial", "1"], "--gpus-per-trial"),
+        ("--cpus-per-trial more than any node has", ["--cpus-per-trial", "64"], "--cpus-per-trial 64 --gpus-per-trial 0: no node"),
         ("zero --max-concurrent", ["--max-concurrent", "0"], "--max-concurrent"),
         ("--grace-period above the epochs", ["--grace-period", "9"], "--grace-period"),
         ("--reduction-factor 1", ["--reduction-factor", "1"], "--reduction-factor"),
