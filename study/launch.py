@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra seeds each of them is re-run with at the full budget; the best mean wins (default 1; 0: name the single best score)",
     )
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
+    a(
+        "--reuse-actors",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run a new trial in the worker process of a finished one, without a new process and fresh imports (default: on)",
+    )
     return parser
 
 
@@ -179,7 +185,7 @@ RECORDED_FLAGS = {
     "cpus_per_trial": ("cpus_per_trial", float),
     "gpus_per_trial": ("gpus_per_trial", float),
 }
-UNRECORDED_FLAGS = ("max_failures",)  # kept in the study's Tune state, which --resume restores as it was
+UNRECORDED_FLAGS = ("max_failures", "reuse_actors")  # kept in the study's Tune state, which --resume restores as it was
 
 
 def recorded_value(flag: str, text: str) -> Any:
@@ -225,6 +231,7 @@ class StudySettings:
     cpus_per_trial: float
     gpus_per_trial: float
     max_failures: int
+    reuse_actors: bool  # trials run in the worker processes of finished ones (docs/benchmarks.md, study utilization)
     confirm_top: int  # the top complete trials re-run with extra seeds before the best is named
     confirm_seeds: int
     data_root: str | None  # absolute: Tune runs each trial in its own working directory
@@ -276,6 +283,7 @@ class StudySettings:
             "grace_period": self.grace_period,
             "reduction_factor": self.reduction_factor,
             "max_concurrent": self.slots,
+            "reuse_actors": self.reuse_actors,
             "cpus_per_trial": self.cpus_per_trial,
             "gpus_per_trial": self.gpus_per_trial,
             "seed": self.seed,
@@ -303,6 +311,7 @@ PLAIN_FLAGS = (
     "cpus_per_trial",
     "gpus_per_trial",
     "max_failures",
+    "reuse_actors",
     "confirm_top",
     "confirm_seeds",
     "address",
@@ -535,6 +544,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
             num_samples=s.num_samples,
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.slots),
             scheduler=scheduler,
+            reuse_actors=s.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=s.name,
@@ -577,6 +587,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
             num_samples=len(configs),
             search_alg=ConcurrencyLimiter(FixedConfigs(configs), max_concurrent=s.slots),
             scheduler=FIFOScheduler(),
+            reuse_actors=s.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=name,
@@ -645,11 +656,13 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
         parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
         if s.resume and client.get_run(parent_id).info.status == "FINISHED":
             raise NothingToRun(s.name)
+        ray_started = time.time()
         with ray_session(s.address), StopSignals().installed() as stops:
             with stops.deferred():  # no half-created study
                 study, parent_id = open_study(s, client, experiment_id, parent_id)
                 records.describe_optuna_study(study, parent_id, s.space.path, s.metric)
             started = time.time()
+            usage = {"slots": s.slots, "startup_s": started - ray_started, "since": started}  # Ray's start-up apart
             with records.stopped_on_failure(client, experiment_id, parent_id):
                 recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
                 tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
@@ -658,7 +671,7 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                     tuner.fit()
                 selection = confirm_best(s, study, recorder, stops)
                 with stops.deferred():
-                    summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection)
+                    summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection, usage)
     return {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment, **summary}
 
 

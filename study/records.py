@@ -376,9 +376,18 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
 
 
 def finish_study(
-    study: optuna.Study, recorder: TrialRecorder, metric: str, mode: str, wall_s: float, selection: Selection | None = None
+    study: optuna.Study,
+    recorder: TrialRecorder,
+    metric: str,
+    mode: str,
+    wall_s: float,
+    selection: Selection | None = None,
+    usage: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
+
+    ``usage`` (``slots``, ``startup_s``, ``since``) adds the study's utilization (study.utilization), read from the
+    trial runs logged since ``since``; a sync leaves it out.
 
     When MLflow cannot be reached, nothing is lost: the trial records stay in the spool and the Optuna
     storage holds the rest; ``python -m study.sync --study NAME`` writes them later.
@@ -391,6 +400,8 @@ def finish_study(
     try:
         if not recorder.flush(force=True):
             raise ConnectionError("the kept trial records could not be written")
+        if usage is not None:
+            add_utilization(summary, recorder, wall_s, **usage)
         write_study_records(study, recorder, metric, summary)
         summary["mlflow_synced"] = True
     except Exception as error:  # any MLflow failure: report, keep, and let the user sync
@@ -412,6 +423,15 @@ def describe_optuna_study(study: optuna.Study, parent_run_id: str, space: str, m
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([metric])
+
+
+def add_utilization(summary: dict[str, Any], recorder: TrialRecorder, wall_s: float, slots: int, startup_s: float, since: float) -> None:
+    """The study's utilization from its trial runs, into the summary and the parent run's metrics."""
+    from study import utilization
+
+    epochs = utilization.epochs_from_mlflow(recorder.client, recorder.experiment_id, recorder.parent_run_id, since=since)
+    summary["utilization"] = utilization.study_utilization(epochs, wall_s, slots, startup_s)
+    summary["metrics"].update(summary["utilization"].as_metrics())
 
 
 def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: str, summary: dict[str, Any]) -> None:
@@ -493,6 +513,8 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
         f"\nstudy {study_name} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
         f"{m['n_complete']} complete, {m['n_pruned']} pruned early, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
     )
+    if outcome.get("utilization") is not None:
+        print(outcome["utilization"].describe())
     best = outcome["best"]
     if best is None:
         print("no trial completed; nothing to retrain")

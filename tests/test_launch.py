@@ -279,3 +279,13 @@ def test_confirmation_runs_name_the_best_mean(budget_study):
     assert parent.data.tags["best_trial"] == winner.user_attrs["tune_trial_id"]
     assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
     assert parent.data.tags["best_pick"] == selection["verdict"]
+
+
+def test_trials_reuse_the_worker_processes_of_finished_ones(budget_study):
+    """5 trials on 2 slots (--reuse-actors, the default): fewer worker processes than trials, and each trial ran in one."""
+    import json
+
+    trial_dirs = [d for d in (budget_study["runs"] / "ray" / "budgets").iterdir() if (d / "result.json").is_file()]
+    pids = {d.name: {json.loads(line)["pid"] for line in (d / "result.json").read_text().splitlines() if line.strip()} for d in trial_dirs}
+    assert len(pids) == 5
+    assert len(set().union(*pids.values())) < len(pids)
