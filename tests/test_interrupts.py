@@ -18,7 +18,7 @@ from study import launch
 from study.interrupts import StopSignals, StudyInterrupted, exit_code
 from tests.conftest import ROOT
 from tests.test_launch import study_records
-from tests.test_resume import wait_for
+from tests.test_resume import start_driver, wait_for
 
 
 def test_first_signal_while_fitting_asks_ray_tune_to_stop_gracefully():
@@ -66,18 +66,6 @@ def test_handlers_are_restored_and_plain_keyboard_interrupt_exits_130():
         assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
     assert {s: signal.getsignal(s) for s in before} == before
     assert exit_code(KeyboardInterrupt()) == 130
-
-
-def start_driver(argv: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "study.launch", *argv],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 @pytest.mark.slow

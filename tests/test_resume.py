@@ -45,16 +45,17 @@ def epochs_logged(runs: Path, name: str) -> list[int]:
         return []
 
 
+def start_driver(argv: list[str], env: dict, output=subprocess.PIPE) -> subprocess.Popen:
+    """``python -m study.launch ARGV`` in a session of its own (so that its process group is the driver and its local Ray)."""
+    kwargs = {"text": True} if output == subprocess.PIPE else {}
+    return subprocess.Popen(
+        [sys.executable, "-m", "study.launch", *argv], cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output, **kwargs
+    )
+
+
 def run_and_kill(argv: list[str], env: dict, until) -> None:
     """Start study.launch, SIGKILL it (and the local Ray it started) once ``until()`` holds."""
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "study.launch", *argv],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    driver = start_driver(argv, env, output=subprocess.DEVNULL)
     try:
         wait_for(until, 900, "the study to make progress")
     finally:
