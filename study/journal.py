@@ -140,4 +140,3 @@ class RepairingJournalBackend(JournalFileBackend):
                 fh.write(data)  # one write of whole lines
                 fh.flush()
                 os.fsync(fh.fileno())
-

@@ -82,7 +82,11 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
         yield
     except BaseException as error:
         interrupted = isinstance(error, KeyboardInterrupt)
-        reason = f"interrupted by {error.args[0] if error.args else 'SIGINT'}" if interrupted else first_error_line(str(error)) or type(error).__name__
+        reason = (
+            f"interrupted by {error.args[0] if error.args else 'SIGINT'}"
+            if interrupted
+            else first_error_line(str(error)) or type(error).__name__
+        )
         try:
             ids = [r.info.run_id for r in child_runs(client, experiment_id, parent_id)]
             tracking.fail_orphans(client, ids, f"study stopped: {reason}")

@@ -44,7 +44,9 @@ def test_a_journal_already_glued_by_an_older_writer_is_repaired_on_open(tmp_path
     make_study(path)
     lines = path.read_bytes().splitlines(keepends=True)
     torn = b'{"op_code":6,"worker_id":"dead'
-    glued = b"".join(lines[:-2]) + torn + b"".join(lines[-2:])  # what Optuna's own backend leaves: a torn record, a good one on its line, more
+    glued = (
+        b"".join(lines[:-2]) + torn + b"".join(lines[-2:])
+    )  # what Optuna's own backend leaves: a torn record, a good one on its line, more
     path.write_bytes(glued)
     with pytest.raises(json.JSONDecodeError):
         list(optuna.storages.journal.JournalFileBackend(str(path)).read_logs(0))  # the defect: every read fails

@@ -241,7 +241,9 @@ def test_budget_rungs_see_finished_schedules(budget_study):
     by_trial = {r.data.tags["trial_id"]: r for r in children}
     for trial in study.trials:
         run = by_trial[trial.user_attrs["tune_trial_id"]]
-        history = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in ("budget", "epoch", "lr_now", "alpha_now")}
+        history = {
+            k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in ("budget", "epoch", "lr_now", "alpha_now")
+        }
         assert sorted(history["budget"]) == list(range(1, len(history["budget"]) + 1))  # step = epochs trained, no duplicates
         ends = [step for step in history["epoch"] if history["epoch"][step] == history["budget"][step]]
         for step in ends:  # every decision point: the schedule of that budget has decayed the lr (step x 0.1) and heated alpha

@@ -30,10 +30,8 @@ def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):
 
 
 def test_the_lock_of_a_killed_driver_is_free(tmp_path):
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pathlib import Path; from study import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"],
-        cwd=ROOT, stdin=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    hold = f"from pathlib import Path; from study import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=ROOT, stdin=subprocess.PIPE, text=True)
     try:
         lock = tmp_path / "s.lock"
         wait_for(lambda: holder.poll() is not None or "pid" in (lock.read_text() if lock.exists() else ""), 300, "the holder's lock")
