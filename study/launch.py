@@ -252,14 +252,14 @@ class StudySettings:
 
     @functools.cached_property
     def slots(self) -> int:
-        """Trials at once: --max-concurrent, else as many as the running Ray cluster's CPUs and GPUs hold."""
+        """Trials at once: --max-concurrent, else as many as the Ray cluster's CPUs and GPUs hold (before Ray starts: this machine's)."""
         if self.max_concurrent is not None:
             return self.max_concurrent  # as given: an autoscaling cluster may grow to it
         import ray
 
         from study.utilization import concurrent_slots
 
-        resources = ray.cluster_resources()
+        resources = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}  # a local Ray's
         return concurrent_slots(10**6, resources.get("CPU", 1.0), self.cpus_per_trial, resources.get("GPU"), self.gpus_per_trial)
 
     @property

@@ -218,7 +218,8 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     assert args.space is None and args.epochs is None  # the command line is read, never changed
     with pytest.raises(dataclasses.FrozenInstanceError):
         resumed.max_epochs = 4
-    assert launch.study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"])).max_epochs == 2
+    with pytest.raises(launch.UsageError, match="--epochs 2: study earlier runs with 3"):  # a changed setting is refused
+        launch.study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"]))
 
 
 # -- the default scheduler: budget-aware successive halving, then confirmation runs -------------------

@@ -58,6 +58,7 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(recorded_study, c
 def test_max_concurrent_defaults_to_what_the_cluster_holds(runs, monkeypatch):
     import ray
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0, "memory": 1e9})  # the running cluster's resources
     settings = launch.study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"]))
     given = launch.study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"]))
