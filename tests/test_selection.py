@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from study.interrupts import StopSignals
 from study.selection import extra_seeds, select, top_complete, with_seed
 
 
@@ -86,13 +87,13 @@ def test_confirm_best_reruns_the_top_trials_with_extra_seeds_and_ranks_by_mean(m
 
     monkeypatch.setattr(launch, "confirmation_tuner", lambda settings, recorder, configs: FakeTuner(configs))
     settings = SimpleNamespace(confirm_top=3, confirm_seeds=1, mode="max", metric="val_recall_at_1", space=SimpleNamespace(is_grid=False))
-    selection = launch.confirm_best(settings, study, recorder=None)
+    selection = launch.confirm_best(settings, study, recorder=None, stops=StopSignals())
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
     assert sorted((c["lr"], c["seed"]) for c in asked) == [(0.002, 1), (0.003, 1), (0.004, 1)]  # trials 1, 3, 2 with seed 0 + 1
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.95, 0.945
     assert selection.winner.scores == (0.96, 0.96)
     settings.confirm_seeds = 0
-    assert launch.confirm_best(settings, study, recorder=None) is None
+    assert launch.confirm_best(settings, study, recorder=None, stops=StopSignals()) is None
 
 
 def test_a_selection_record_round_trips():
