@@ -14,6 +14,7 @@ module of ``trainables`` that imports ray.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from ray import tune
 from trainables.core.budgets import LadderState, fit_budgets
 from trainables.core.checkpoint import BUNDLE_NAME, load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DatasetError, resolve_data_root
+from trainables.core.data import DatasetError, DatasetSplits, load_dataset, resolve_data_root
 from trainables.core.engine import TrainingDiverged
 
 PREFIX_NAME = "prefix.pt"  # the run before its budget's tail, where the next budget continues from
@@ -87,6 +88,13 @@ def load_state(folder: Path) -> LadderState:
     )
 
 
+@functools.lru_cache(maxsize=2)
+def worker_dataset(name: str, data_root: str | None, image_size: int) -> DatasetSplits:
+    """The dataset as this worker process decoded it, kept for every budget of the trial and for the next trial
+    the worker runs (study.launch reuses workers): a dataset is read once per worker, not once per rung and trial."""
+    return load_dataset(name, data_root, image_size)
+
+
 def train_dml(
     config: dict[str, Any],
     *,
@@ -127,13 +135,15 @@ def train_dml(
             tune.report({**clean, **where}, checkpoint=tune.Checkpoint.from_directory(folder))
 
     try:
+        root = resolve_data_root(data_root)
         fit_budgets(
             train_config,
             budgets or [train_config.epochs],
             on_epoch,
             state=state,
             mode="study",
-            data_root=resolve_data_root(data_root),
+            splits=worker_dataset(train_config.dataset, str(root) if root else None, train_config.image_size),
+            data_root=root,
             device=torch.device(device),
             num_workers=num_workers,
         )
