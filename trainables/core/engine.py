@@ -50,6 +50,8 @@ from .sampler import ClassBatchSampler
 
 log = logging.getLogger(__name__)
 ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
+# image batches and conv weights in NHWC: 1.24x the images/s of NCHW for small_cnn on CPU (docs/benchmarks.md, section 6)
+IMAGE_LAYOUT = torch.channels_last
 
 
 class TrainingDiverged(RuntimeError):
@@ -92,7 +94,7 @@ def train_one_epoch(
     data_time = compute_time = 0.0
     tick = time.perf_counter()
     for step, (images, labels) in enumerate(loader):
-        images = images.to(device, non_blocking=True)
+        images = images.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT)
         labels = labels.to(device, non_blocking=True)
         start = time.perf_counter()
         data_time += start - tick
@@ -129,7 +131,7 @@ def embed(
     out = []
     for batch, _ in loader:
         with _autocast(device):
-            out.append(model(batch.to(device, non_blocking=True)).float().cpu())
+            out.append(model(batch.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT)).float().cpu())
     return torch.cat(out)
 
 
@@ -282,7 +284,7 @@ def build_run(
             f"{source}: classes_per_batch={config.classes_per_batch} is larger than the {len(classes)} "
             f"{'fit' if mode == 'study' else 'training'} classes of {config.dataset!r}; expected at most {len(classes)}"
         )
-    model = build_model(config, train_set.kind, image_size).to(device)
+    model = build_model(config, train_set.kind, image_size).to(device, memory_format=IMAGE_LAYOUT)
     # the loss sees the train-mode features: the pool features with embedding_reduction=pca
     loss_fn = build_loss(replace(config, embedding_dim=model.train_dim), len(classes)).to(device)
     new_ids = {id(p) for layer in model.new_layers() for p in layer.parameters()}
