@@ -318,8 +318,10 @@ class TrialRecorder:
         client = self.client
         if op["op"] == "result":
             step = int(op["step"])
-            if step <= self.logged_step.get(trial_id, 0):
-                return  # already recorded before a restart: never a duplicated step
+            if step <= self.logged_step.get(trial_id, 0):  # already recorded before a restart: never a duplicated step,
+                for key, value in op["tags"].items():  # but its tags (where the trial runs, where it resumed from) are new
+                    client.set_tag(run_id, key, value)
+                return
             metrics = [Metric(k, float(v), int(op["time_ms"]), step) for k, v in op["metrics"].items()]
             client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in op["tags"].items()])
             self.logged_step[trial_id] = step
