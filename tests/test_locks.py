@@ -58,12 +58,10 @@ def test_a_second_driver_of_a_running_study_exits_2_and_writes_nothing(runs, cap
 
 SETUP = textwrap.dedent(
     """
-    import sys, time
-    from pathlib import Path
+    import sys
     from study import locks, tracking
-    uri, go = sys.argv[1], Path(sys.argv[2])
-    while not go.exists():
-        time.sleep(0.01)
+    uri = sys.argv[1]
+    sys.stdin.readline()  # the go signal: all start at once
     with locks.store_setup_lock(uri):
         tracking.check_reachable(uri)
         print(tracking.setup(uri, "dml-studies"))
@@ -73,12 +71,15 @@ SETUP = textwrap.dedent(
 
 def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
-    go = tmp_path / "go"
     drivers = [
-        subprocess.Popen([sys.executable, "-c", SETUP, uri, str(go)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SETUP, uri], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
-    go.touch()  # all start the migration at once
+    for d in drivers:  # all start the migration at once
+        d.stdin.write("go\n")
+        d.stdin.flush()
     outcomes = [d.communicate(timeout=600) for d in drivers]
     assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for _, err in outcomes]
     assert len({out.strip() for out, _ in outcomes}) == 1  # one experiment, the same for all
