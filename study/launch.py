@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m study.launch", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    a = parser.add_argument
+    add_search_flags(parser.add_argument_group("what to search").add_argument)
+    add_cluster_flags(parser.add_argument_group("where trials run").add_argument)
+    add_record_flags(parser.add_argument_group("where the study is recorded").add_argument)
+    return parser
+
+
+def add_search_flags(a: Callable[..., argparse.Action]) -> None:
+    """The space, its data, the budget and how trials are sampled, stopped and confirmed."""
     a(
         "--space",
         help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
@@ -69,13 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
     a("--data-root", help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}); every node of a cluster needs it at this path")
     a("--num-samples", type=int, help="number of trials (default: 16; a grid space runs each grid point once)")
-    a(
-        "--max-concurrent",
-        type=int,
-        help="trials running at once (default: as many as the cluster's CPUs and GPUs hold at --cpus-per-trial / --gpus-per-trial)",
-    )
-    a("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial (default 1); torch uses that many threads")
-    a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--epochs", type=int, help="epochs per trial, the ASHA max_t (default: the space's epochs)")
     a(
         "--scheduler",
@@ -86,17 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     a("--grace-period", type=int, help="the first rung, in epochs (default: a quarter of the epochs)")
     a("--reduction-factor", type=float, help="keep the top 1/factor at each rung (default 4)")
     a("--metric", default="val_recall_at_1", help=f"validation metric to maximize: {', '.join(METRICS)} (default val_recall_at_1)")
-    a("--address", help="join a running Ray cluster (e.g. 'auto' on a node of a `ray up` cluster); default: a local Ray")
-    a("--storage-path", help="where Ray keeps trial checkpoints; on a cluster a shared path or s3:// URI (default: ./runs/ray)")
-    a("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
-    a("--optuna-storage", help="Optuna storage: journal:PATH or a database URL (default: journal:./runs/optuna/journal.log)")
-    a("--experiment", default="dml-studies", help="MLflow experiment name (default dml-studies)")
-    a("--study-name", help="name of the study (letters, digits, _ . -); default: <space>-<date>-<time>")
-    a(
-        "--resume",
-        action="store_true",
-        help="continue the interrupted study --study-name: finished trials are kept, interrupted ones continue from their checkpoints",
-    )
     a(
         "--sampler",
         choices=("tpe", "random"),
@@ -112,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="extra seeds each of them is re-run with at the full budget; the best mean wins (default 1; 0: name the single best score)",
     )
+
+
+def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
+    """The Ray cluster, the resources of a trial, and what happens when a trial fails."""
+    a("--address", help="join a running Ray cluster (e.g. 'auto' on a node of a `ray up` cluster); default: a local Ray")
+    a(
+        "--max-concurrent",
+        type=int,
+        help="trials running at once (default: as many as the cluster's CPUs and GPUs hold at --cpus-per-trial / --gpus-per-trial)",
+    )
+    a("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial (default 1); torch uses that many threads")
+    a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     a(
         "--reuse-actors",
@@ -119,7 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="run a new trial in the worker process of a finished one, without a new process and fresh imports (default: on)",
     )
-    return parser
+
+
+def add_record_flags(a: Callable[..., argparse.Action]) -> None:
+    """The stores (Ray checkpoints, MLflow, Optuna) and the study's name."""
+    a("--storage-path", help="where Ray keeps trial checkpoints; on a cluster a shared path or s3:// URI (default: ./runs/ray)")
+    a("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
+    a("--optuna-storage", help="Optuna storage: journal:PATH or a database URL (default: journal:./runs/optuna/journal.log)")
+    a("--experiment", default="dml-studies", help="MLflow experiment name (default dml-studies)")
+    a("--study-name", help="name of the study (letters, digits, _ . -); default: <space>-<date>-<time>")
+    a(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted study --study-name: finished trials are kept, interrupted ones continue from their checkpoints",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -156,6 +156,35 @@ def parallel_coordinates(
     return path
 
 
+def axis_scale(seen: list, *, log: bool = False, choices: list | None = None) -> tuple[Callable[[object], float], list[tuple[float, str]]]:
+    """One parallel-coordinates axis: a map of a value to [0, 1], and its ticks as (position, label).
+
+    Numbers (when ``choices`` is None) are scaled to the range of
+    ``seen`` (log10 when ``log`` and all are positive), with the range's ends
+    and middle as ticks. Categories (``choices`` as far as seen, else the
+    values seen in order) sit evenly spaced, a single one in the middle.
+    """
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen)
+    if numeric and choices is None:
+        log = log and min(seen) > 0
+        lo, hi = (math.log10(min(seen)), math.log10(max(seen))) if log else (min(seen), max(seen))
+        span = (hi - lo) or 1.0
+
+        def scale(v):
+            return ((math.log10(v) if log else v) - lo) / span
+
+        ticks = [lo, (lo + hi) / 2, hi] if hi > lo else [lo]
+        return scale, [((t - lo) / span, f"{10**t if log else t:.3g}") for t in ticks]
+    order = list(choices or dict.fromkeys(seen))
+    order = [c for c in order if c in seen] or order
+    step = 1.0 / max(len(order) - 1, 1)
+
+    def place(v):
+        return order.index(v) * step if len(order) > 1 else 0.5
+
+    return place, [(place(c), str(c)) for c in order]
+
+
 def parallel_coordinates_figure(
     rows: list[Mapping[str, object]],
     values: list[float],
@@ -180,28 +209,10 @@ def parallel_coordinates_figure(
     position: dict[str, Callable[[object], float]] = {}
     for name in names:
         seen = [row[name] for row in rows if name in row]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen)
-        if numeric and name not in (choices or {}):
-            log = name in log_params and min(seen) > 0
-            lo, hi = (math.log10(min(seen)), math.log10(max(seen))) if log else (min(seen), max(seen))
-            span = (hi - lo) or 1.0
-
-            def scale(v, lo=lo, span=span, log=log):
-                return ((math.log10(v) if log else v) - lo) / span
-
-            ticks = [lo, (lo + hi) / 2, hi] if hi > lo else [lo]
-            labels = [f"{10**t if log else t:.3g}" for t in ticks]
-            position[name] = scale
-            tick_at = [(t - lo) / span for t in ticks]
-        else:
-            order = list((choices or {}).get(name) or dict.fromkeys(seen))
-            order = [c for c in order if c in seen] or order
-            step = 1.0 / max(len(order) - 1, 1)
-            position[name] = lambda v, order=order, step=step: order.index(v) * step if len(order) > 1 else 0.5
-            tick_at, labels = [position[name](c) for c in order], [str(c) for c in order]
+        position[name], ticks = axis_scale(seen, log=name in log_params, choices=(choices or {}).get(name))
         x = axes_at[name]
         ax.axvline(x, color="black", linewidth=0.8)
-        for t, label in zip(tick_at, labels):
+        for t, label in ticks:
             ax.text(x + 0.03, t, label, fontsize=8, va="center", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0})
     finite = [v for v in values if math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)

@@ -186,6 +186,18 @@ def test_parallel_coordinates_draw_each_trial_on_its_own_parameters():
     assert names.index("alpha") not in ice.get_xdata()
 
 
+def test_axis_scale_by_hand():
+    place, ticks = plots.axis_scale([1e-4, 1e-3, 1e-2], log=True)
+    assert [round(place(v), 9) for v in (1e-4, 1e-3, 1e-2)] == [0.0, 0.5, 1.0]  # log10: -4, -3, -2 over a span of 2
+    assert ticks == [(0.0, "0.0001"), (0.5, "0.001"), (1.0, "0.01")]
+    place, ticks = plots.axis_scale([2, 6, 4])
+    assert place(5) == 0.75 and [label for _, label in ticks] == ["2", "4", "6"]
+    place, ticks = plots.axis_scale(["ice"], choices=["softmax", "ice", "arcface"])
+    assert place("ice") == 0.5 and ticks == [(0.5, "ice")]  # only the choices seen; one sits in the middle
+    place, ticks = plots.axis_scale(["l2", "bn", "l2"])
+    assert (place("l2"), place("bn")) == (0.0, 1.0) and [label for _, label in ticks] == ["l2", "bn"]
+
+
 def test_retrieval_examples_by_hand():
     # 2-D embeddings; cosine similarity orders neighbours by angle
     x = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [1.0, 0.5], [-1.0, 0.0]])
