@@ -134,12 +134,6 @@ def experiment_artifacts(uri: str, experiment: str) -> str | None:
     return location.as_uri()
 
 
-def ui_command(uri: str) -> str:
-    if uri.startswith(("http://", "https://")):
-        return f"open {uri} in a browser (or: mlflow ui --backend-store-uri <the server's store>)"
-    return f"mlflow ui --backend-store-uri {uri}"
-
-
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """A tracking server must answer its health check within ``timeout`` seconds (refused: at once)."""
     if not uri.startswith(("http://", "https://")):
