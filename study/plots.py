@@ -22,6 +22,18 @@ STATE_COLORS = {"COMPLETE": "tab:blue", "PRUNED": "tab:orange", "FAIL": "tab:red
 NAMED_CURVES = 12  # up to this many curves are labelled by name in the legend
 
 
+def save(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """``fig`` written to ``path`` as a PNG; returns the path."""
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """(N, D) -> (N, D), each row divided by its L2 norm (a zero row stays zero): cosine similarity is then a dot product."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
 def pair_similarities(
     embeddings: np.ndarray, labels: np.ndarray, *, max_pairs: int = 200_000, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -29,8 +41,7 @@ def pair_similarities(
 
     embeddings (N, D), labels (N,) -> (positive (P,), negative (Q,)) float32.
     """
-    x = np.asarray(embeddings, dtype=np.float32)
-    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = unit_rows(np.asarray(embeddings, dtype=np.float32))
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     pos_i, pos_j = [], []
@@ -62,9 +73,7 @@ def similarity_histogram(positive: np.ndarray, negative: np.ndarray, path: str |
     ax.set_title(title or "pair similarities on the test classes")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return save(fig, path, dpi=110)
 
 
 def curves(
@@ -77,9 +86,7 @@ def curves(
     marks: Mapping[str, float | tuple[float, float]] | None = None,
 ) -> Path:
     """:func:`curves_figure` saved to ``path``."""
-    path = Path(path)
-    curves_figure(series, ylabel=ylabel, title=title, states=states, marks=marks).savefig(path, dpi=100)
-    return path
+    return save(curves_figure(series, ylabel=ylabel, title=title, states=states, marks=marks), path)
 
 
 def curves_figure(
@@ -136,9 +143,7 @@ def note(path: str | Path, title: str, text: str) -> Path:
     ax.axis("off")
     ax.set_title(title)
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    return path
+    return save(fig, path)
 
 
 def parallel_coordinates(
@@ -151,9 +156,7 @@ def parallel_coordinates(
     choices: Mapping[str, list] | None = None,
 ) -> Path:
     """:func:`parallel_coordinates_figure` saved to ``path``."""
-    path = Path(path)
-    parallel_coordinates_figure(rows, values, metric=metric, log_params=log_params, choices=choices).savefig(path, dpi=100)
-    return path
+    return save(parallel_coordinates_figure(rows, values, metric=metric, log_params=log_params, choices=choices), path)
 
 
 def axis_scale(seen: list, *, log: bool = False, choices: list | None = None) -> tuple[Callable[[object], float], list[tuple[float, str]]]:
@@ -255,10 +258,8 @@ def retrieval_examples(
     Neighbours are indices into ``embeddings`` without the query itself, or into
     ``gallery_embeddings`` when given. Ties are broken by the lower index.
     """
-    x = np.asarray(embeddings, dtype=np.float64)
-    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    g = x if gallery_embeddings is None else np.asarray(gallery_embeddings, dtype=np.float64)
-    g = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-12)
+    x = unit_rows(np.asarray(embeddings, dtype=np.float64))
+    g = unit_rows(x if gallery_embeddings is None else np.asarray(gallery_embeddings, dtype=np.float64))
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     classes = rng.permutation(np.unique(labels))[:queries]
@@ -303,9 +304,7 @@ def retrieval_grid(
                 ax.set_title("query" if c == 0 else f"#{c}", fontsize=9)
     fig.suptitle(title or "retrieval on the test classes: query, then its nearest neighbours (wrong class outlined in red)", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=90)
-    return path
+    return save(fig, path, dpi=90)
 
 
 def tsne_map(embeddings: np.ndarray, labels: np.ndarray, path: str | Path, *, classes: int = 20, seed: int = 0, title: str = "") -> Path:
@@ -329,6 +328,4 @@ def tsne_map(embeddings: np.ndarray, labels: np.ndarray, path: str | Path, *, cl
     ax.set_yticks([])
     ax.set_title(title or f"t-SNE of test embeddings: {len(chosen)} classes, {len(x)} images, one colour per class", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    return path
+    return save(fig, path)
