@@ -78,6 +78,11 @@ def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> l
     return rung_budgets(max_epochs, grace_period, reduction_factor)[:-1] if grace_period <= max_epochs else []
 
 
+def study_rungs(params: dict[str, str], max_epochs: int) -> list[int]:
+    """:func:`asha_rungs` of a study, from its parent run's ``grace_period`` and ``reduction_factor`` params."""
+    return asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
+
+
 def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> str:
     """The papers' layout: one row per metric, one column per configuration, mean ± sample std over seeds (in %).
 
@@ -181,6 +186,16 @@ def _trial_key(run) -> str:
     return run.info.run_name or run.data.tags.get("trial_id")
 
 
+def _trial_state(run) -> str:
+    """A trial run's Optuna state (written when the study ends), else how Tune saw it end, else "?"."""
+    return run.data.tags.get("optuna_state", run.data.tags.get("trial_state", "?"))
+
+
+def _schedule_ends(budget: dict[int, float], epoch: dict[int, float]) -> dict[int, int]:
+    """{step: budget} at the steps where a budget's schedule finished: the logged ``epoch`` equals the ``budget``."""
+    return {step: int(b) for step, b in budget.items() if epoch.get(step) == b}
+
+
 # -- sections of a study's report ------------------------------------------------------------------------------------
 
 
@@ -275,7 +290,6 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
     max_epochs = int(params.get("epochs", 0))
     if not max_epochs:
         return {}
-    grace, factor = int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3))
     budget_rungs = params.get("scheduler") == "budget"
     ends: dict[int, list[float]] = {}
     heating: list[float] = []
@@ -286,9 +300,8 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
             heating += [float(p["heating_start"]) * max_epochs] if heated else []
             continue
         budget, epoch = _history(client, r.info.run_id, "budget"), _history(client, r.info.run_id, "epoch")
-        for step, b in budget.items():
-            if epoch.get(step) == b:
-                ends.setdefault(int(b), []).append(step)
+        for step, b in _schedule_ends(budget, epoch).items():
+            ends.setdefault(b, []).append(step)
         if heated and budget:
             last = max(budget.values())
             first = min(step for step, b in budget.items() if b == last)  # the step of its epoch epoch[first]
@@ -296,7 +309,7 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
     if budget_rungs:
         marks = {f"budget {b} ends": _mark(steps) for b, steps in sorted(ends.items()) if b < max_epochs}
     else:
-        marks = {f"ASHA rung at epoch {rung}": float(rung) for rung in asha_rungs(grace, factor, max_epochs)}
+        marks = {f"ASHA rung at epoch {rung}": float(rung) for rung in study_rungs(params, max_epochs)}
     if heating:
         marks["heating starts" + (" (range over trials)" if len(set(heating)) > 1 else "")] = _mark(heating)
     return marks
@@ -333,7 +346,7 @@ def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict
     except Exception:  # storage moved or unreachable: the MLflow records
         for r in trials:
             key = _trial_key(r)
-            if r.data.tags.get("optuna_state", r.data.tags.get("trial_state")) != "COMPLETE" or not histories.get(key):
+            if _trial_state(r) != "COMPLETE" or not histories.get(key):
                 continue
             rows.append({k: _param_value(v) for k, v in r.data.params.items() if v not in ("None", "")})
             values.append(list(histories[key].values())[-1])
@@ -365,7 +378,8 @@ def finished_schedules(client, trials: list, histories: dict[str, dict[int, floa
     for r in trials:
         key = _trial_key(r)
         budget, epoch = _history(client, r.info.run_id, "budget"), _history(client, r.info.run_id, "epoch")
-        out[key] = {int(epoch[s]): v for s, v in histories.get(key, {}).items() if s in budget and budget[s] == epoch.get(s)}
+        ends = _schedule_ends(budget, epoch)
+        out[key] = {ends[s]: v for s, v in histories.get(key, {}).items() if s in ends}
     return out
 
 
@@ -380,7 +394,7 @@ def early_stopping(
     max_epochs = int(params.get("epochs", 0))
     correlation = {}
     if max_epochs:
-        rungs = asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
+        rungs = study_rungs(params, max_epochs)
         curves = [list(h.values()) for h in histories.values()]
         if ends is not None:  # dense by budget: a rung's value is its finished schedule's
             curves = [[e.get(b, float("nan")) for b in range(1, max_epochs + 1)] for e in ends.values() if max_epochs in e]
@@ -416,7 +430,7 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
     metric, mode = params.get("metric", "val_recall_at_1"), params.get("mode", "max")
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
     histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
-    states = {_trial_key(r): r.data.tags.get("optuna_state", r.data.tags.get("trial_state", "?")) for r in trials}
+    states = {_trial_key(r): _trial_state(r) for r in trials}
     budget_rungs = params.get("scheduler") == "budget"
     return [
         *study_header(parent, metric, mode),
