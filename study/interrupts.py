@@ -46,6 +46,11 @@ class StudyInterrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+def signal_name(error: KeyboardInterrupt) -> str:
+    """The signal that stopped the driver: ``StudyInterrupted``'s, else SIGINT (a plain KeyboardInterrupt)."""
+    return error.name if isinstance(error, StudyInterrupted) else "SIGINT"
+
+
 def exit_code(error: KeyboardInterrupt) -> int:
     """128 + the signal number (130 for a plain KeyboardInterrupt, which is a SIGINT)."""
     return error.exit_code if isinstance(error, StudyInterrupted) else 128 + signal.SIGINT

@@ -738,9 +738,8 @@ def resume_hint(settings: StudySettings | None) -> str:
 
 def interrupted_message(error: KeyboardInterrupt, settings: StudySettings | None) -> str:
     """What the driver says when a signal stops it."""
-    by = error.name if isinstance(error, interrupts.StudyInterrupted) else "SIGINT"
     what = f"study {settings.name}" if settings is not None else "study.launch"
-    return f"{what} stopped by {by}; {resume_hint(settings)}"
+    return f"{what} stopped by {interrupts.signal_name(error)}; {resume_hint(settings)}"
 
 
 if __name__ == "__main__":

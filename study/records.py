@@ -32,6 +32,7 @@ from mlflow.entities import Metric, Param, RunTag
 from optuna.trial import TrialState
 
 from study import console, tracking
+from study.interrupts import signal_name
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import UsageError, child_runs, first_error_line
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
@@ -82,11 +83,7 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
         yield
     except BaseException as error:
         interrupted = isinstance(error, KeyboardInterrupt)
-        reason = (
-            f"interrupted by {error.args[0] if error.args else 'SIGINT'}"
-            if interrupted
-            else first_error_line(str(error)) or type(error).__name__
-        )
+        reason = f"interrupted by {signal_name(error)}" if interrupted else first_error_line(str(error)) or type(error).__name__
         try:
             ids = [r.info.run_id for r in child_runs(client, experiment_id, parent_id)]
             tracking.fail_orphans(client, ids, f"study stopped: {reason}")
