@@ -155,14 +155,15 @@ class Progress(Callback):
         best = None
         finished, running = [], []
         for t in trials:
-            (finished if t.status in ("TERMINATED", "ERROR") else running).append(trial_epochs(t))
             if t.status in ("TERMINATED", "ERROR"):
+                finished.append(trial_epochs(t))
                 state = self._outcome(t)
                 counts[state] += 1
                 value = (t.last_result or {}).get(self.metric)
                 if state == COMPLETE and (best is None or (value > best[0] if self.mode == "max" else value < best[0])):
                     best = (value, t.trial_id)
             else:
+                running.append(trial_epochs(t))
                 counts["running" if t.status == "RUNNING" else "pending"] += 1
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
         elapsed = time.time() - self.started
