@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from study.tracking import UsageError, is_local_sqlite
+from study.tracking import UsageError, is_local_sqlite, sqlite_file
 
 
 class StudyLocked(UsageError):
@@ -72,7 +72,7 @@ def store_setup_lock(tracking_uri: str) -> Iterator[None]:
     if not is_local_sqlite(tracking_uri):
         yield
         return
-    database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser()
+    database = sqlite_file(tracking_uri)
     try:
         database.parent.mkdir(parents=True, exist_ok=True)
         fh = open(database.with_name(database.name + ".lock"), "a", encoding="utf-8")

@@ -74,6 +74,11 @@ def is_local_sqlite(uri: str) -> bool:
     return uri.startswith("sqlite:///")
 
 
+def sqlite_file(uri: str) -> Path:
+    """The database file of a local sqlite store (``sqlite:///PATH``, see ``is_local_sqlite``), ``~`` expanded."""
+    return Path(uri.removeprefix("sqlite:///")).expanduser()
+
+
 def check_writable(folder: str | os.PathLike, what: str, probe_bytes: int = 0) -> Path:
     """``folder`` (created if missing) must take a new file; returns it resolved. ``what`` names the flag in the error.
 
@@ -109,7 +114,7 @@ def check_tracking_uri(uri: str) -> None:
         path = uri.removeprefix("sqlite:///") if is_local_sqlite(uri) else ""
         if not path or path == ":memory:" or path.startswith("file:"):
             raise UsageError(f"{flag} {uri}: an in-memory or unnamed sqlite store keeps nothing; expected sqlite:///PATH/mlflow.db")
-        database = Path(path).expanduser()
+        database = sqlite_file(uri)
         check_writable(database.parent, f"{flag} {uri}")
         if database.exists() and (not database.is_file() or not os.access(database, os.R_OK | os.W_OK)):
             raise UsageError(f"{flag} {uri}: {database} is not a writable file; expected a sqlite database file")
@@ -124,7 +129,7 @@ def experiment_artifacts(uri: str, experiment: str) -> str | None:
         raise UsageError(f"--experiment {experiment!r}: expected a non-empty name on one line")
     if not is_local_sqlite(uri):
         return None
-    base = (Path(uri.removeprefix("sqlite:///")).expanduser().parent / "artifacts").resolve()
+    base = (sqlite_file(uri).parent / "artifacts").resolve()
     location = (base / experiment).resolve()
     if location == base or base not in location.parents:
         raise UsageError(
