@@ -31,6 +31,7 @@ import numpy as np
 
 from study import plots, tracking
 from study.artifacts import optuna_plot
+from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,17 @@ def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> l
 def study_rungs(params: dict[str, str], max_epochs: int) -> list[int]:
     """:func:`asha_rungs` of a study, from its parent run's ``grace_period`` and ``reduction_factor`` params."""
     return asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
+
+
+def recorded_early_stopping(params: dict[str, str]) -> str:
+    """The scheduler a study's parent run records, in words (a study recorded before ``scheduler`` was a param ran stock ASHA)."""
+    kind = params.get("scheduler", "asha")
+    if kind == "budget":
+        rungs = [int(b) for b in params.get("budgets", "").split()][:-1]
+    else:
+        rungs = study_rungs(params, int(params.get("epochs", 0))) if kind == "asha" else []
+    stratify_by = params.get("stratify_by", "none")
+    return describe_rule(kind, rungs, None if stratify_by == "none" else stratify_by)
 
 
 def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> str:
@@ -205,7 +217,7 @@ def study_header(parent, metric: str, mode: str) -> list[str]:
         f"# Study {parent.data.tags['study_name']}",
         "",
         f"- space: `{params.get('space')}`, {params.get('num_samples', '?')} trials of up to {params.get('epochs', 0)} epochs, "
-        f"sampler {params.get('sampler', 'tpe')}, ASHA grace {params.get('grace_period')} / factor {params.get('reduction_factor')}",
+        f"sampler {params.get('sampler', 'tpe')}, {recorded_early_stopping(params)}",
         f"- status: {parent.info.status}; {int(m.get('n_complete', 0))} complete, {int(m.get('n_pruned', 0))} pruned, "
         f"{int(m.get('n_failed', 0))} failed; {int(m.get('epochs_spent', 0))} epochs trained in {m.get('wall_time_s', float('nan')):.0f} s",
         f"- metric: {metric} ({mode}) on the validation classes",
@@ -404,7 +416,7 @@ def early_stopping(
         "## Is early stopping trustworthy here?",
         "",
         f"Spearman rank correlation between {metric} at {at} and at epoch {max_epochs}, over the trials that ran every epoch "
-        "(few trials reach the end under ASHA, so read it with its n):",
+        "(few trials reach the end under early stopping, so read it with its n):",
         "",
         "| rung (epoch) | Spearman rho | trials |",
         "|---|---|---|",

@@ -22,6 +22,7 @@ configure the local Ray (study.launch) before anything imports it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,10 +69,15 @@ def make_early_stopping(
 
 def describe(stopping: EarlyStopping) -> str:
     """One phrase for the study's header line."""
-    if stopping.kind == "fifo":
+    return describe_rule(stopping.kind, stopping.rungs, stopping.stratify_by)
+
+
+def describe_rule(kind: str, rungs: Sequence[int], stratify_by: str | None = None) -> str:
+    """One phrase for the scheduler ``kind`` judging at ``rungs`` (within each ``stratify_by``): the header and the report."""
+    if kind == "fifo":
         return "no early stopping"
-    rungs = ", ".join(str(r) for r in stopping.rungs)
-    if stopping.kind == "budget":
-        within = f", within each {stopping.stratify_by}" if stopping.stratify_by else ""
-        return f"budget-aware successive halving at budgets {rungs} (each a finished schedule{within})"
-    return f"stock ASHA at epochs {rungs} of the full schedule"
+    at = ", ".join(str(r) for r in rungs)
+    if kind == "budget":
+        within = f", within each {stratify_by}" if stratify_by else ""
+        return f"budget-aware successive halving at budgets {at} (each a finished schedule{within})"
+    return f"stock ASHA at epochs {at} of the full schedule"

@@ -350,3 +350,28 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
     assert sorted(captured["values"]) == pytest.approx([0.8, 0.85, 0.9])
     html = (tmp_path / "out" / "report.html").read_text()
     assert "Parallel coordinates" in html and (tmp_path / "out" / "parallel_coordinates.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "params, phrase",
+    [
+        (
+            {"scheduler": "budget", "budgets": "4 16", "stratify_by": "loss", "grace_period": "4", "reduction_factor": "4"},
+            "budget-aware successive halving at budgets 4 (each a finished schedule, within each loss)",
+        ),
+        ({"scheduler": "asha", "grace_period": "1", "reduction_factor": "3"}, "stock ASHA at epochs 1, 3 of the full schedule"),
+        ({"grace_period": "1", "reduction_factor": "3"}, "stock ASHA at epochs 1, 3 of the full schedule"),  # recorded before --scheduler
+        ({"scheduler": "fifo", "budgets": "9", "stratify_by": "none"}, "no early stopping"),
+    ],
+)
+def test_study_header_names_the_scheduler_the_study_ran(params, phrase):
+    parent = SimpleNamespace(
+        data=SimpleNamespace(
+            params={"epochs": "9" if "budgets" not in params or params["budgets"] == "9" else "16", **params},
+            tags={"study_name": "s"},
+            metrics={},
+        ),
+        info=SimpleNamespace(status="FINISHED"),
+    )
+    header = "\n".join(report.study_header(parent, "val_recall_at_1", "max"))
+    assert phrase in header and ("ASHA" in phrase) == ("ASHA" in header)
