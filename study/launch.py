@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a study file could not be written: one line and the resume command
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -720,9 +721,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     records.print_summary(outcome, settings.metric)
     return 0
-
-
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def next_steps(settings: StudySettings) -> str:
