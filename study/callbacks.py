@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ray.tune import Callback
 
 from study.outcome import COMPLETE, FAIL, PRUNED, epochs_done, is_finite_number, trial_outcome
 from study.records import TrialRecorder
+from study.selection import config_key
 from study.tracking import first_error_line
 
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
@@ -71,11 +73,16 @@ def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
 class MlflowTrials(Callback):
     """One MLflow child run per trial (see TrialRecorder); the driver is the only writer."""
 
-    def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int, kind: str = "trial") -> None:
+    def __init__(
+        self, recorder: TrialRecorder, metric: str, max_epochs: int, kind: str = "trial", confirms: Mapping[str, int] | None = None
+    ) -> None:
+        """``confirms``: for confirmation runs, the Optuna trial number each config re-runs, keyed by ``config_key``."""
         self.recorder, self.metric, self.max_epochs, self.kind = recorder, metric, max_epochs, kind
+        self.confirms = confirms or {}
 
     def submit(self, op: dict[str, Any]) -> None:
-        self.recorder.submit({**op, "kind": self.kind})
+        number = self.confirms.get(config_key(op["config"]))
+        self.recorder.submit({**op, "kind": self.kind, **({"confirms": number} if number is not None else {})})
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.submit({"op": "start", "trial_id": trial.trial_id, "config": dict(trial.config)})

@@ -40,7 +40,7 @@ from study import checks, console, interrupts, locks, records, tracking
 from study.interrupts import StopSignals
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
-from study.selection import Selection, extra_seeds, select, selection_record, top_complete, with_seed
+from study.selection import Selection, config_key, extra_seeds, select, selection_record, top_complete, with_seed
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -581,8 +581,9 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: recor
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
 
 
-def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder, configs: list[dict[str, Any]]):
-    """A Tuner that trains ``configs`` at the full budget, no early stopping, recorded as ``confirmation`` runs."""
+def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder, jobs: dict[str, int]):
+    """A Tuner that trains the configs of ``jobs`` ({config_key: the Optuna trial it re-runs}) at the full budget, no
+    early stopping, recorded as ``confirmation`` runs that name their Optuna trial."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search import ConcurrencyLimiter
@@ -591,6 +592,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
     from study.search import FixedConfigs
 
     s = settings
+    configs = [json.loads(key) for key in jobs]
     name = f"{s.name}-confirm"
     if s.resume and tune.Tuner.can_restore(os.path.join(s.storage_path, name)):
         return tune.Tuner.restore(os.path.join(s.storage_path, name), trainable(s, [s.max_epochs]), resume_unfinished=True)
@@ -609,7 +611,7 @@ def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder,
             storage_path=s.storage_path,
             verbose=0,
             callbacks=[
-                MlflowTrials(recorder, s.metric, s.max_epochs, kind="confirmation"),
+                MlflowTrials(recorder, s.metric, s.max_epochs, kind="confirmation", confirms=jobs),
                 Progress(s.metric, s.mode, s.max_epochs, len(configs)),
             ],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -625,17 +627,17 @@ def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records
     numbers = top_complete({n: t.value for n, t in complete.items()}, s.confirm_top, s.mode)
     if s.space.is_grid or s.confirm_seeds < 1 or len(numbers) < 2:
         return None
-    jobs = {}  # the config re-run, as sorted JSON -> the Optuna trial number it confirms
+    jobs = {}  # the config re-run, as config_key -> the Optuna trial number it confirms
     for n in numbers:
         config = complete[n].user_attrs["config"]
-        jobs.update({json.dumps(with_seed(config, seed), sort_keys=True): n for seed in extra_seeds(config, s.confirm_seeds)})
+        jobs.update({config_key(with_seed(config, seed)): n for seed in extra_seeds(config, s.confirm_seeds)})
     print(f"\nconfirming the top {len(numbers)} trials (Optuna {', '.join(f'#{n}' for n in numbers)}) with {s.confirm_seeds} extra seed(s)")
-    tuner = confirmation_tuner(s, recorder, [json.loads(key) for key in jobs])
+    tuner = confirmation_tuner(s, recorder, jobs)
     with stops.graceful():
         grid = tuner.fit()
     scores = {n: [complete[n].value] for n in numbers}
     for result in grid:
-        n, value = jobs.get(json.dumps(result.config, sort_keys=True)), (result.metrics or {}).get(s.metric)
+        n, value = jobs.get(config_key(result.config)), (result.metrics or {}).get(s.metric)
         if n is not None and result.error is None and is_finite_number(value):
             scores[n].append(float(value))
     selection = select(scores, s.mode)

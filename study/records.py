@@ -112,9 +112,12 @@ LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the
 
 
 def run_name(kind: str, trial_id: str, number: int | None) -> str:
-    """``trial-<Optuna number>-<Tune trial id>`` (``trial-<id>`` without a number), ``confirm-<id>`` for a confirmation run."""
+    """``trial-<Optuna number>-<Tune trial id>``, or ``confirm-<number of the trial it re-runs>-<id>`` for a confirmation run.
+
+    Without a number: ``trial-<id>``, ``confirm-<id>``.
+    """
     if kind == "confirmation":
-        return f"confirm-{trial_id}"
+        return f"confirm-{number}-{trial_id}" if number is not None else f"confirm-{trial_id}"
     return f"trial-{number}-{trial_id}" if number is not None else f"trial-{trial_id}"
 
 
@@ -292,18 +295,19 @@ class TrialRecorder:
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # written after the trial ended (records kept during an outage): the run's optuna_trial_number links them
 
-    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial") -> str:
+    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial", confirms: int | None = None) -> str:
+        """The run of ``trial_id``, created at its first event; ``confirms``: the Optuna trial a confirmation run re-runs."""
         client = self.client
         if trial_id not in self.run_ids:
-            number = self.optuna_number(trial_id) if kind == "trial" else None
+            number = self.optuna_number(trial_id) if kind == "trial" else confirms
             tags = {"mlflow.parentRunId": self.parent_run_id, "kind": kind, "trial_id": trial_id, "study_name": self.study_name}
             if number is not None:
-                tags["optuna_trial_number"] = str(number)
+                tags["optuna_trial_number" if kind == "trial" else "confirms_optuna_trial"] = str(number)
             name = run_name(kind, trial_id, number)
             run = client.create_run(self.experiment_id, tags={**tags, "mlflow.runName": name}, run_name=name)
             if config:
                 client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in resolved_config(config).items()])
-            if number is not None:
+            if number is not None and kind == "trial":
                 self._link_optuna_trial(number, run.info.run_id)
             self.run_ids[trial_id] = run.info.run_id
             self.logged_step[trial_id] = 0
@@ -311,7 +315,7 @@ class TrialRecorder:
 
     def _apply(self, op: dict[str, Any]) -> None:
         trial_id = op["trial_id"]
-        run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"))
+        run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"), op.get("confirms"))
         client = self.client
         if op["op"] == "result":
             step = int(op["step"])

@@ -10,6 +10,7 @@ winner leads the runner-up in standard errors of the difference of the means.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -27,6 +28,11 @@ def top_complete(values: dict[int, float], k: int, mode: str) -> list[int]:
 def with_seed(config: dict[str, Any], seed: int) -> dict[str, Any]:
     """The same configuration trained from another seed."""
     return {**config, "seed": int(seed)}
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """A config as sorted JSON: how a confirmation run's config is matched to the Optuna trial it re-runs."""
+    return json.dumps(config, sort_keys=True)
 
 
 def extra_seeds(config: dict[str, Any], n: int) -> list[int]:

@@ -274,6 +274,12 @@ def test_confirmation_runs_name_the_best_mean(budget_study):
     # the first trial of each loss family passes its rungs (nothing to compare with yet): both families, 2 complete at least
     assert {t.user_attrs["config"]["loss"] for t in study.trials} == {"softmax", "ice"} and len(complete) >= 2
     assert len(confirmations) == 2 and all(r.info.status == "FINISHED" for r in confirmations)
+    # each names the Optuna trial it re-ran, with that trial's config and the next seed
+    for run in confirmations:
+        number = int(run.data.tags["confirms_optuna_trial"])
+        assert run.info.run_name == f"confirm-{number}-{run.data.tags['trial_id']}"
+        config = study.trials[number].user_attrs["config"]
+        assert run.data.params["lr"] == str(config["lr"]) and run.data.params["seed"] == str(config.get("seed", 0) + 1)
     assert {e["trial"] for e in selection["ranking"]} == {t.number for t in complete[:2]}
     means = [e["mean"] for e in selection["ranking"]]
     assert means == sorted(means, reverse=True)

@@ -5,11 +5,13 @@ Fast tests: the engine on generated glyphs for a few epochs, a local MLflow stor
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import optuna
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from study import console, records, sync, tracking
-from study.callbacks import result_metrics, result_step, time_left
+from study.callbacks import MlflowTrials, result_metrics, result_step, time_left
 from study.records import TrialRecorder, describe_optuna_study
 from study.search import open_storage
 from trainables.core.config import LOSS_KEYS, TrainConfig, applicable_keys
@@ -123,6 +125,18 @@ def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_
     assert study.trials[1].user_attrs["mlflow_run_id"] == run.info.run_id
     recorder.submit({"op": "start", "trial_id": "ef56", "kind": "confirmation", "config": {"loss": "ice"}})
     assert client.get_run(recorder.run_ids["ef56"]).info.run_name == "confirm-ef56"
+
+
+def test_a_confirmation_run_names_the_optuna_trial_it_re_runs(study_store, runs):
+    uri, experiment_id, parent, _, client = study_store
+    config = {"loss": "ice", "lr": 0.002, "seed": 1}
+    confirms = {json.dumps(config, sort_keys=True): 7}  # the seed-1 re-run of Optuna trial #7
+    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"))
+    callback = MlflowTrials(recorder, "val_recall_at_1", 4, kind="confirmation", confirms=confirms)
+    callback.on_trial_start(0, [], SimpleNamespace(trial_id="ef57", config=dict(reversed(list(config.items())))))
+    run = client.get_run(recorder.run_ids["ef57"])
+    assert run.info.run_name == "confirm-7-ef57" and run.data.tags["confirms_optuna_trial"] == "7"
+    assert "optuna_trial_number" not in run.data.tags  # that tag names search trials only
 
 
 def test_the_optuna_study_names_its_objective_parent_run_and_space_once(study_store):
