@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from study import tracking
+from study.journal import journal_file
 from study.tracking import UsageError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -111,8 +112,8 @@ def check_optuna_storage(storage: str) -> str:
     """--optuna-storage: ``journal:PATH`` in a writable folder, or a database URL SQLAlchemy parses, whose driver is
     installed and whose server (if any) answers. Returns the storage string (a journal path made absolute)."""
     flag = f"--optuna-storage {storage}"
-    if storage.startswith("journal:"):
-        path = storage.removeprefix("journal:")
+    path = journal_file(storage)
+    if path is not None:
         if not path or path.endswith(("/", os.sep)) or Path(path).is_dir():
             raise UsageError(f"{flag}: expected journal:PATH of a file (e.g. journal:runs/optuna/journal.log)")
         folder = tracking.check_writable(Path(path).expanduser().parent, flag)

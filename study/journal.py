@@ -32,6 +32,12 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 16
+PREFIX = "journal:"  # --optuna-storage journal:PATH names a journal file; anything else is a database URL
+
+
+def journal_file(storage: str) -> str | None:
+    """The file a ``journal:PATH`` storage names, as given; None for a database URL."""
+    return storage.removeprefix(PREFIX) if storage.startswith(PREFIX) else None
 
 
 def tail_start(fh) -> int:

@@ -38,6 +38,7 @@ import optuna
 
 from study import checks, console, interrupts, locks, records, tracking
 from study.interrupts import StopSignals
+from study.journal import journal_file
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
 from study.selection import Selection, config_key, extra_seeds, select, selection_record, top_complete, with_seed
@@ -511,8 +512,9 @@ def open_study(settings: StudySettings, client, experiment_id: str, parent_id: s
     from study.search import open_storage
 
     checks.check_cluster_resources(settings.cpus_per_trial, settings.gpus_per_trial)  # else trials would wait forever
-    if settings.optuna_storage.startswith("journal:"):
-        Path(settings.optuna_storage.removeprefix("journal:")).parent.mkdir(parents=True, exist_ok=True)
+    journal = journal_file(settings.optuna_storage)
+    if journal is not None:  # its folder, checked at launch, may have been removed since (a long-queued --resume)
+        Path(journal).parent.mkdir(parents=True, exist_ok=True)
     storage = open_storage(settings.optuna_storage)
     study = open_optuna(settings, storage)
     if parent_id is not None:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from study.journal import journal_file
 from study.tracking import UsageError, is_local_sqlite, sqlite_file
 
 
@@ -27,9 +28,8 @@ class StudyLocked(UsageError):
 
 def lock_folder(optuna_storage: str, runs_dir: Path) -> Path:
     """Where a study's lock lives: beside its Optuna journal, else under the runs folder."""
-    if optuna_storage.startswith("journal:"):
-        return Path(optuna_storage.removeprefix("journal:")).expanduser().resolve().parent / "locks"
-    return runs_dir / "locks"
+    path = journal_file(optuna_storage)
+    return Path(path).expanduser().resolve().parent / "locks" if path is not None else runs_dir / "locks"
 
 
 def holder_line() -> str:

@@ -43,11 +43,10 @@ def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.
     """``journal:PATH`` for a journal file (safe with concurrent writers and torn writes), else an RDB URL; a storage object as it is."""
     if isinstance(storage, optuna.storages.BaseStorage):
         return storage
-    if storage.startswith("journal:"):
-        from study.journal import RepairingJournalBackend
+    from study.journal import RepairingJournalBackend, journal_file
 
-        return optuna.storages.JournalStorage(RepairingJournalBackend(storage.removeprefix("journal:")))
-    return optuna.storages.RDBStorage(storage)
+    path = journal_file(storage)
+    return optuna.storages.JournalStorage(RepairingJournalBackend(path)) if path is not None else optuna.storages.RDBStorage(storage)
 
 
 def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
