@@ -17,6 +17,7 @@ Optuna plots) are written by ``study.artifacts``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import shutil
@@ -243,13 +244,43 @@ def top_trials(trials: list, histories: dict[str, dict[int, float]], states: dic
     return [*lines, ""]
 
 
-def best_config(client, parent, out: Path) -> list[str]:
-    """The best trial's config as the study stored it (nothing before a trial completes)."""
+def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[str]:
+    """How the study picked its best trial: the confirmation re-runs of ``record`` (selection.json) by mean, and the verdict.
+
+    ``names``: the trials' run names by Optuna number. Nothing without a record (a grid, or ``--confirm-seeds 0``).
+    """
+    if not record:
+        return []
+    name = lambda n: names.get(n, f"Optuna #{n}")  # noqa: E731
+    ranking = record["ranking"]
+    lines = [
+        "## The pick: the top trials re-run with extra seeds",
+        "",
+        "A single score is one seed's; the study picks the best mean over seeds, so the pick need not be the top row above.",
+        "",
+        "| trial | mean ± standard error | scores (the trial's own, then each extra seed) |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name(e['trial'])} | {e['mean']:.4f} ± {e['sem']:.4f} | {', '.join(f'{v:.4f}' for v in e['scores'])} |" for e in ranking]
+    return [*lines, "", f"picked: {name(ranking[0]['trial'])}, the best mean; {record['verdict']}.", ""]
+
+
+def best_config(client, parent, out: Path, picked: bool = False) -> list[str]:
+    """The best trial's config as the study stored it (nothing before a trial completes); ``picked``: chosen by its mean."""
     try:
         text = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
     except Exception:  # no complete trial, or the study has not ended
         return []
-    return ["The best trial's config (`best_config.yaml`, what `study.final --study` retrains):", "", "```yaml", text.rstrip(), "```", ""]
+    which = "The picked trial's config" if picked else "The best trial's config"
+    return [f"{which} (`best_config.yaml`, what `study.final --study` retrains):", "", "```yaml", text.rstrip(), "```", ""]
+
+
+def selection_of(client, parent, out: Path) -> dict[str, Any] | None:
+    """The study's ``selection.json`` (its confirmation re-runs), None when it has none."""
+    try:
+        return json.loads(Path(client.download_artifacts(parent.info.run_id, "selection.json", str(out / "tmp"))).read_text())
+    except Exception:  # no confirmation runs (a grid, --confirm-seeds 0), or the study has not ended
+        return None
 
 
 def _optuna_study(parent):
@@ -444,10 +475,13 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
     histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
     states = {_trial_key(r): _trial_state(r) for r in trials}
     budget_rungs = params.get("scheduler") == "budget"
+    selection = selection_of(client, parent, out)
+    numbers = {int(r.data.tags["optuna_trial_number"]): _trial_key(r) for r in trials if "optuna_trial_number" in r.data.tags}
     return [
         *study_header(parent, metric, mode),
         *top_trials(trials, histories, states, metric, mode, top),
-        *best_config(client, parent, out),
+        *pick_section(selection, numbers),
+        *best_config(client, parent, out, picked=selection is not None),
         *importances(client, parent, out),
         *parallel_coordinates(client, parent, trials, histories, metric, out),
         *learning_curves(histories, states, metric, out, curve_marks(client, parent, trials)),

@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from study import launch, tracking
+from study import launch, records, tracking
 from study.search import open_storage
 
 pytestmark = pytest.mark.slow
@@ -259,8 +259,10 @@ def test_budget_rungs_see_finished_schedules(budget_study):
             assert trial.state.name == "PRUNED" and set(trial.intermediate_values) == {2}
 
 
-def test_confirmation_runs_name_the_best_mean(budget_study):
+def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     import json
+
+    from study import report
 
     client, parent, _, study = study_records(budget_study["runs"], "budgets")
     parent = parent[0]
@@ -288,6 +290,9 @@ def test_confirmation_runs_name_the_best_mean(budget_study):
     assert parent.data.tags["best_trial"] == winner.user_attrs["tune_trial_id"]
     assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
     assert parent.data.tags["best_pick"] == selection["verdict"]
+    text = "\n".join(report.study_report(client, parent, tmp_path, top=5))  # the report names the pick and says why
+    picked = records.run_name("trial", winner.user_attrs["tune_trial_id"], winner.number)
+    assert f"picked: {picked}, the best mean; {selection['verdict']}" in text and "The picked trial's config" in text
 
 
 def test_trials_reuse_the_worker_processes_of_finished_ones(budget_study):

@@ -375,3 +375,23 @@ def test_study_header_names_the_scheduler_the_study_ran(params, phrase):
     )
     header = "\n".join(report.study_header(parent, "val_recall_at_1", "max"))
     assert phrase in header and ("ASHA" in phrase) == ("ASHA" in header)
+
+
+def test_the_pick_section_names_the_confirmation_means_and_the_verdict():
+    record = {
+        "ranking": [
+            {"trial": 5, "scores": [0.9759, 0.9741], "mean": 0.975, "sem": 0.0009},
+            {"trial": 6, "scores": [0.9796, 0.9592], "mean": 0.9694, "sem": 0.0102},  # sem of 2 = |a - b| / 2
+        ],
+        "lead": 0.0056,
+        "lead_in_se": 0.5,
+        "verdict": "within noise: the lead is 0.5 standard errors; the top candidates are equally good",
+    }
+    lines = report.pick_section(record, {5: "trial-5-aa", 6: "trial-6-bb"})
+    text = "\n".join(lines)
+    assert "| trial-5-aa | 0.9750 ± 0.0009 | 0.9759, 0.9741 |" in lines
+    assert "| trial-6-bb | 0.9694 ± 0.0102 | 0.9796, 0.9592 |" in lines
+    assert "picked: trial-5-aa" in text and "within noise: the lead is 0.5 standard errors" in text
+    # trial-6 had the best single score (0.9796) but not the best mean: the section says why it is not the pick
+    assert "best mean" in text
+    assert report.pick_section(None, {}) == []  # a grid, or --confirm-seeds 0: nothing re-run
