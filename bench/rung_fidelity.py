@@ -46,6 +46,7 @@ from trainables.core.budgets import fit_budgets, rung_budgets  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402
 
 KEPT = ("val_recall_at_1", "val_map_at_r", "alpha_now", "lr_now", "train_loss", "time/epoch_s")
+SCORES = ("val_recall_at_1", "val_map_at_r")  # the two retrieval metrics every record holds
 
 
 def draw_configs(space_name: str, n: int, seed: int) -> list[dict]:
@@ -173,6 +174,23 @@ def fidelity(values: np.ndarray, final: np.ndarray, budgets: list[int], strata: 
     return out
 
 
+def metric_pairs(entries: list[dict], budgets: list[int]) -> dict:
+    """How well each metric judged at a rung ranks each metric at the full budget (Spearman, all configs together).
+
+    ``final_vs_final``: the two metrics of the same final models against each other, a ceiling on how well any
+    rung can predict either (both are read on the same few validation images).
+    """
+    final = {m: rung_values(entries, budgets, m, "budget")[:, -1] for m in SCORES}
+    out = {"final_vs_final": float(spearmanr(final[SCORES[0]], final[SCORES[1]]).statistic), "pairs": {}}
+    for kind in ("asha", "budget"):
+        for judged in SCORES:
+            values = rung_values(entries, budgets, judged, kind)
+            for target in SCORES:
+                rho = {str(b): float(spearmanr(values[:, i], final[target]).statistic) for i, b in enumerate(budgets[:-1])}
+                out["pairs"][f"{kind}|{judged}|{target}"] = rho
+    return out
+
+
 def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) -> dict:
     final = rung_values(entries, budgets, metric, "budget")[:, -1]
     top3 = set(np.argsort(-final, kind="stable")[:3].tolist())
@@ -203,6 +221,7 @@ def analyse(entries: list[dict], budgets: list[int], eta: float, metric: str) ->
                 "rung_values": values.tolist(),
             }
     out["all_epochs_full_budget"] = len(entries) * budgets[-1]
+    out["metric_pairs"] = metric_pairs(entries, budgets)
     return out
 
 
@@ -232,6 +251,21 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
         asha = result["schedulers"]["asha, all together"]["spearman_detail"][b]["per_stratum"]
         per_asha = ", ".join(f"{name} {rho:.3f}" for name, (rho, n) in asha.items())
         lines.append(f"Spearman within loss families at rung {b}: budget {per}; stock ASHA {per_asha}.")
+    lines.append("")
+    pairs = result["metric_pairs"]
+    lines += [
+        "Which metric, judged at a rung, ranks which metric at the full budget (Spearman, all configurations together; "
+        f"the two final metrics of the same models against each other: {pairs['final_vs_final']:.3f}):",
+        "",
+        "| decisions on | judged by | " + " | ".join(f"rung {b}: final {t}" for b in budgets[:-1] for t in SCORES) + " |",
+        "|---|---|" + "---|" * ((len(budgets) - 1) * len(SCORES)),
+    ]
+    for kind in ("asha", "budget"):
+        for judged in SCORES:
+            cells = " | ".join(f"{pairs['pairs'][f'{kind}|{judged}|{t}'][str(b)]:.3f}" for b in budgets[:-1] for t in SCORES)
+            lines.append(
+                f"| {'stock ASHA: mid-schedule epochs' if kind == 'asha' else 'budget: finished schedules'} | {judged} | {cells} |"
+            )
     lines.append("")
     lines += [
         "| # | loss | final | " + " | ".join(f"asha@{b} | budget@{b}" for b in budgets[:-1]) + " |",
