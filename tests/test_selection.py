@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -76,20 +77,22 @@ def test_confirm_best_reruns_the_top_trials_with_extra_seeds_and_ranks_by_mean(m
             )
         )
     rerun = {0.002: 0.92, 0.004: 0.96, 0.003: 0.95}  # trial 1 (0.97) falls back on its extra seed; trial 3 holds
-    asked = []
+    asked, confirms = [], {}
 
     class FakeTuner:
-        def __init__(self, configs):
-            asked.extend(configs)
+        def __init__(self, jobs):  # {config_key: the Optuna trial it re-runs}
+            asked.extend(json.loads(key) for key in jobs)
+            confirms.update({json.loads(key)["lr"]: number for key, number in jobs.items()})
 
         def fit(self):
             return [SimpleNamespace(config=c, metrics={"val_recall_at_1": rerun[c["lr"]]}, error=None) for c in asked]
 
-    monkeypatch.setattr(launch, "confirmation_tuner", lambda settings, recorder, configs: FakeTuner(configs))
+    monkeypatch.setattr(launch, "confirmation_tuner", lambda settings, recorder, jobs: FakeTuner(jobs))
     settings = SimpleNamespace(confirm_top=3, confirm_seeds=1, mode="max", metric="val_recall_at_1", space=SimpleNamespace(is_grid=False))
     selection = launch.confirm_best(settings, study, recorder=None, stops=StopSignals())
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
     assert sorted((c["lr"], c["seed"]) for c in asked) == [(0.002, 1), (0.003, 1), (0.004, 1)]  # trials 1, 3, 2 with seed 0 + 1
+    assert confirms == {0.002: 1, 0.003: 2, 0.004: 3}  # each re-run names the trial it confirms
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.95, 0.945
     assert selection.winner.scores == (0.96, 0.96)
     settings.confirm_seeds = 0
