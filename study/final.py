@@ -221,6 +221,8 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     """The best config of ``study`` (its parent run's best_config.yaml), the parent run's id and the study's data root.
 
     The data root is the parent run's ``data_root`` param (None for a study that did not record one).
+    The epochs are ``epochs`` (--epochs), else the study's ``final_epochs`` param (its space's
+    final_budget_factor x the trials' epochs), else the trials' own.
     """
     tracking.setup(uri, experiment)
     client = mlflow.MlflowClient(uri)
@@ -242,8 +244,9 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
                 "expected a finished study with at least one complete trial"
             ) from None
         values = tracking.read_yaml(path, "the study's best config")
-    if epochs is not None:
-        values = {**values, "epochs": epochs}
+    recorded = parent.data.params.get("final_epochs")
+    if epochs is not None or recorded:
+        values = {**values, "epochs": epochs if epochs is not None else int(recorded)}
     config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
     return config, parent.info.run_id, parent.data.params.get("data_root") or None
 

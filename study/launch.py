@@ -308,6 +308,7 @@ class StudySettings:
             "mode": self.mode,
             "num_samples": self.num_samples,
             "epochs": self.max_epochs,
+            "final_epochs": self.space.final_epochs(self.max_epochs),  # what study.final --study trains the pick to
             "optuna_storage": self.optuna_storage,
             "storage_path": self.storage_path,
             "fit_classes": self.fit_classes,
@@ -691,7 +692,8 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                 selection = confirm_best(s, study, recorder, stops)
                 with stops.deferred():
                     summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection, usage)
-    return {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment, **summary}
+    named = {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment}
+    return {**named, "final_epochs": s.space.final_epochs(s.max_epochs), **summary}
 
 
 def main(argv: list[str] | None = None) -> int:

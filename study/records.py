@@ -533,9 +533,10 @@ def print_summary(outcome: dict[str, Any], metric: str) -> None:
         print(f"its config (best_config.yaml: the keys that apply to loss {config.loss}; every key: resolved_config.yaml):")
         for key in applicable_keys(config):
             print(f"  {key}: {getattr(config, key)}")
+        epochs = f"{outcome['final_epochs']} epochs, " if outcome.get("final_epochs") else ""
         print(
             f"\nretrain it on all training classes and test it:  {console.python_command('study.final')} {flags}\n"
-            f"  (seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
+            f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
             f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
         )
     print(f"open the MLflow UI:  {console.ui_command(outcome['uri'])}")

@@ -17,6 +17,7 @@ grid:                  # or: a cartesian grid over config keys (Optuna's GridSam
   ice_scale: [1, 16, 32, 64, 80]
 variants:              # or: named configurations tried one by one (a grid over 'variant')
   SM: {normalization: none, weight_norm: false, alpha: 1, heating: none}
+final_budget_factor: 2 # study.final --study trains the pick to 2 x the trials' epochs (default 1)
 ```
 
 ``when`` makes a parameter active only when earlier parameters have the given
@@ -25,6 +26,11 @@ A bound ``{param: NAME}`` takes the value of an earlier (or fixed) parameter.
 Every name is a config key (DESIGN.md's contract), so the Optuna parameter
 names, the Tune config and the MLflow params agree; the one exception is
 ``variant``, the name of the chosen configuration in a ``variants`` space.
+
+``final_budget_factor`` scales the budget of the final model only: every
+schedule is defined as a fraction of the budget (trainables.core.schedule),
+so the picked config trained to a longer budget is the same recipe, run
+longer. The study records the result as its parent run's ``final_epochs``.
 
 :func:`load_space` validates the whole file before anything starts; errors are
 :class:`SpaceError` naming the file, the key and what is allowed.
@@ -44,7 +50,7 @@ import optuna
 from study.tracking import UsageError, read_yaml
 from trainables.core.config import ConfigError, TrainConfig
 
-TOP_LEVEL = ("description", "fixed", "params", "grid", "variants")
+TOP_LEVEL = ("description", "fixed", "params", "grid", "variants", "final_budget_factor")
 PARAM_KEYS = {
     "float": ("type", "low", "high", "log", "step", "when"),
     "int": ("type", "low", "high", "log", "step", "when"),
@@ -90,6 +96,7 @@ class Space:
     params: list[Param] = field(default_factory=list)
     grid: dict[str, list] = field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    final_budget_factor: float = 1.0
 
     @property
     def name(self) -> str:
@@ -102,6 +109,10 @@ class Space:
     def grid_search_space(self) -> dict[str, list]:
         """The search space of Optuna's GridSampler (grid and variants spaces only)."""
         return {VARIANT: list(self.variants)} if self.variants else dict(self.grid)
+
+    def final_epochs(self, epochs: int) -> int:
+        """The epochs study.final trains the pick of a study whose trials train to ``epochs``."""
+        return max(epochs, int(self.final_budget_factor * epochs + 0.5))  # half up
 
     def grid_size(self) -> int:
         return math.prod(len(v) for v in self.grid_search_space().values()) if self.is_grid else 0
@@ -227,7 +238,10 @@ def parse_space(data: Any, path: str) -> Space:
     for key in fixed:
         if key not in TrainConfig.keys():
             raise _fail(path, f"fixed.{key}", f"unknown parameter; expected a config key ({', '.join(TrainConfig.keys())})")
-    space = Space(path=path, description=str(data.get("description") or ""), fixed=dict(fixed))
+    factor = data.get("final_budget_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+        raise _fail(path, "final_budget_factor", f"{factor!r}; expected a number >= 1 (the final model's budget / the trials')")
+    space = Space(path=path, description=str(data.get("description") or ""), fixed=dict(fixed), final_budget_factor=float(factor))
     params_raw, grid_raw, variants_raw = data.get("params") or {}, data.get("grid") or {}, data.get("variants") or {}
     if sum(bool(x) for x in (params_raw, grid_raw, variants_raw)) != 1:
         raise SpaceError(f"{path}: expected exactly one of params, grid or variants")

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    records.print_summary({"study_name": args.study, "uri": uri, "experiment": args.experiment, **summary}, params["metric"])
+    named = {"study_name": args.study, "uri": uri, "experiment": args.experiment, "final_epochs": params.get("final_epochs")}
+    records.print_summary({**named, **summary}, params["metric"])
     return 0 if summary["mlflow_synced"] else 1
 
 

@@ -308,3 +308,41 @@ def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monke
     monkeypatch.setenv("DML_DATA_ROOT", str(tmp_path / "env"))
     assert final.main(["--study", "s1"]) == 2
     assert seen == [str(tmp_path / "study_root"), str((tmp_path / "flag").resolve()), str((tmp_path / "env").resolve())]
+
+
+def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
+    """--study trains to the parent run's final_epochs (final_budget_factor x the trials' epochs).
+
+    --epochs wins; a study recorded before final_epochs existed keeps the trials' epochs.
+    """
+    from study import records, tracking
+
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    experiment_id = tracking.setup(uri, "dml-studies")
+    best = write_config(tmp_path / "best_config.yaml", epochs=3)
+    records.create_parent_run(client, experiment_id, "scaled", str(best), {"epochs": 3, "final_epochs": 6})
+    records.create_parent_run(client, experiment_id, "older", str(best), {"epochs": 3})
+
+    def epochs(*argv):
+        plan = final.make_plan(final.parse_args(list(argv)), uri)
+        return plan.configurations[0][1].epochs
+
+    assert epochs("--study", "scaled") == 6
+    assert epochs("--study", "scaled", "--epochs", "2") == 2
+    assert epochs("--study", "older") == 3
+
+
+def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
+    from study import launch
+
+    space = tmp_path / "scaled.yaml"
+    lr = {"type": "float", "low": 0.001, "high": 0.01}
+    space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 4}, "final_budget_factor": 2.5, "params": {"lr": lr}}))
+
+    def final_epochs(*argv):
+        return launch.study_settings(launch.parse_args(list(argv))).parent_params()["final_epochs"]
+
+    assert final_epochs("--space", str(space)) == 10
+    assert final_epochs("--space", str(space), "--epochs", "3") == 8  # 7.5, half up
+    assert final_epochs("--space", "smoke") == 4  # no factor: the trials' epochs

@@ -202,10 +202,11 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     log.parent.mkdir(parents=True)
     log.write_text("")
     metrics = {"wall_time_s": 60.0, "n_trials": 1, "n_complete": 1, "n_pruned": 0, "n_failed": 0, "epochs_spent": 4.0}
-    outcome = {"study_name": "s", "uri": "sqlite:///x.db", "experiment": "e", "metrics": metrics, "best": trial}
+    outcome = {"study_name": "s", "uri": "sqlite:///x.db", "experiment": "e", "metrics": metrics, "best": trial, "final_epochs": 32}
     records.print_summary({**outcome, "best_config": trial.user_attrs["config"]}, "val_recall_at_1")
     out = capsys.readouterr().out
     assert f"{console.python_command('study.final')} --study s --experiment e\n" in out
+    assert "(32 epochs, seeds 3, 4, 5;" in out  # the budget study.final --study will train to
     assert "the model of seed 3" in out and "registered as s-embedding" in out
     assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
     assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out

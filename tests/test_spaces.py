@@ -298,6 +298,7 @@ def test_paper_ablation_variants():
 # -- 5. the loader's error catalogue ---------------------------------------------------------------
 
 P = "params:\n  "
+LR = P + "lr: {type: float, low: 0.001, high: 0.01}\n"  # a minimal valid params section
 CATALOGUE = [
     # (id, file text, substrings the message must contain)
     ("yaml_syntax_flow", "params: {loss: [softmax, ice\n", ["YAML syntax error"]),
@@ -368,6 +369,9 @@ CATALOGUE = [
     ("variants_not_a_mapping", "variants: [SM, LN]\n", ["variants", "mapping"]),
     ("variant_not_a_mapping", "variants:\n  SM: 1\n", ["variants.SM"]),
     ("variant_unknown_key", "variants:\n  SM: {alhpa: 1}\n", ["alhpa", "SM"]),
+    ("final_budget_below_one", "final_budget_factor: 0.5\n" + LR, ["final_budget_factor", "0.5", ">= 1"]),
+    ("final_budget_not_a_number", "final_budget_factor: twice\n" + LR, ["final_budget_factor", "'twice'"]),
+    ("final_budget_nan", "final_budget_factor: .nan\n" + LR, ["final_budget_factor", "nan"]),
     ("variant_value_rejected", "variants:\n  SM: {normalization: layer}\n  BN: {normalization: bn}\n", ["normalization", "layer", "SM"]),
 ]
 
@@ -660,3 +664,14 @@ def test_numbers_are_finite_in_shipped_fixed():
         for value in load_space(path).fixed.values():
             if isinstance(value, float):
                 assert math.isfinite(value)
+
+
+def test_final_budget_factor_scales_the_final_epochs_only(tmp_path):
+    """final_epochs = factor x the trials' epochs, rounded half up, never below them; the trials' config keeps its epochs."""
+    scaled = load_space(write(tmp_path, "fixed: {epochs: 3}\nfinal_budget_factor: 1.5\n" + LR))
+    assert [scaled.final_epochs(e) for e in (3, 10, 16)] == [5, 15, 24]  # 4.5 -> 5 (half up), by hand
+    plain = load_space(write(tmp_path, LR, "plain.yaml"))
+    assert plain.final_budget_factor == 1.0 and plain.final_epochs(7) == 7
+    default = load_space("default")
+    assert default.final_epochs(default.fixed["epochs"]) == 32  # 2 x 16, chosen on the validation classes (docs/results.md)
+    assert all(load_space(name).final_epochs(4) == 4 for name in ("smoke", "ice"))
