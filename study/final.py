@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from study import console, tracking
+from study.interrupts import StopSignals, exit_code, signal_name
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.tracking import UsageError
 from trainables.core.checkpoint import CheckpointError
@@ -428,7 +429,12 @@ def train_configuration(
             mlflow.log_params(seed_config.to_dict())
             origin = f"study {plan.study} (parent run {target.parent_id})" if plan.study else plan.source_of(name)
             registered = register if i == 0 else None
-            results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, registered, origin))
+            try:
+                results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, registered, origin))
+            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
+                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
+                mlflow.end_run(status="KILLED")
+                raise
     summary = summarize([r["test"] for r in results])
     summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
     return {"config": config, "results": results, "summary": summary}
@@ -484,8 +490,8 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
             outcomes = train_plan(client, plan, splits, Target(experiment_id, parent_id, device, args.num_workers, Path(tmp)), started)
     except BaseException as error:
         interrupted = isinstance(error, KeyboardInterrupt)
-        reason = "interrupted" if interrupted else tracking.first_error_line(str(error))
-        tracking.fail_orphans(client, started, reason)
+        reason = f"stopped by {signal_name(error)}" if interrupted else tracking.first_error_line(str(error))
+        tracking.fail_orphans(client, started, reason, status="KILLED" if interrupted else "FAILED")
         if plan.parent_run_id is None:
             client.set_tag(parent_id, "failure_reason", reason)
             client.set_terminated(parent_id, status="KILLED" if interrupted else "FAILED")
@@ -582,11 +588,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
-        with console.library_output_to(console.log_path("study.final")) as log:
-            outcome = {**run_final(args), "log": log}
+        with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
+            outcome = {**run_final(args), "log": log}  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:
+        print(
+            f"study.final stopped by {signal_name(error)}: its runs are marked KILLED (nothing to resume; run the command again)",
+            file=sys.stderr,
+        )
+        return exit_code(error)
     except TrainingDiverged as error:
         print(f"error: training diverged: {error}", file=sys.stderr)
         return 1

@@ -294,8 +294,8 @@ def write_yaml(path: str | os.PathLike, data: Any) -> Path:
     return path
 
 
-def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str) -> None:
-    """Mark runs that are still RUNNING as FAILED with ``reason`` (nothing is left RUNNING)."""
+def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str, status: str = "FAILED") -> None:
+    """Mark runs that are still RUNNING as ``status`` (FAILED, or KILLED when stopped) with ``reason`` (nothing is left RUNNING)."""
     for run_id in run_ids:
         try:
             run = client.get_run(run_id)
@@ -303,7 +303,7 @@ def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str) -
             continue
         if run.info.status == "RUNNING":
             client.set_tag(run_id, "failure_reason", reason[:5000])
-            client.set_terminated(run_id, status="FAILED")
+            client.set_terminated(run_id, status=status)
 
 
 # ----------------------------------------------------------------------------- studies

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -346,3 +351,49 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     assert final_epochs("--space", str(space)) == 10
     assert final_epochs("--space", str(space), "--epochs", "3") == 8  # 7.5, half up
     assert final_epochs("--space", "smoke") == 4  # no factor: the trials' epochs
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stopped_final_leaves_no_run_running(tmp_path, signum):
+    """SIGTERM, SIGHUP or SIGINT to study.final mid-seed: exit 128 + signum, one line naming the signal, its runs KILLED.
+
+    Waits on events (the seed's first epoch in MLflow, the process's exit), never on a fixed sleep.
+    """
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = write_config(tmp_path / "long.yaml", epochs=500)  # far longer than the wait for its first epoch
+    argv = [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", uri, "--seeds", "1"]
+    driver = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: logged_epochs(tmp_path / "mlflow.db") > 0, driver, limit_s=600)
+        driver.send_signal(signum)
+        err = driver.communicate(timeout=600)[1]
+    finally:
+        driver.kill()
+    name = signal.Signals(signum).name
+    assert driver.returncode == 128 + signum, err
+    assert f"study.final stopped by {name}" in err.strip().splitlines()[-1], err
+    found = all_runs(uri)[1]
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    seeds = [r for r in found if "mlflow.parentRunId" in r.data.tags]
+    assert [r.info.status for r in parents + seeds] == ["KILLED", "KILLED"]
+    assert seeds[0].data.tags["failure_reason"] == f"stopped by {name}"
+
+
+def wait_for(ready, process: subprocess.Popen, limit_s: float) -> None:
+    """Poll ``ready()`` until it holds; fails if ``process`` exits first or ``limit_s`` passes (a generous bound, not a timing)."""
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        assert process.poll() is None, f"study.final exited early ({process.returncode}): {process.stderr.read()}"
+        assert time.monotonic() < deadline, f"no first epoch within {limit_s} s"
+        time.sleep(0.5)
+
+
+def logged_epochs(db: Path) -> int:
+    """train_loss points in an MLflow sqlite store, read without MLflow (read-only: no migration races the writer)."""
+    if not db.is_file():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as connection:
+            return connection.execute("SELECT count(*) FROM metrics WHERE key = 'train_loss'").fetchone()[0]
+    except sqlite3.OperationalError:  # the schema is still being created
+        return 0
