@@ -45,6 +45,9 @@ def test_unknown_key_is_named():
         ("epochs", 0),
         ("loss", "triplet"),
         ("normalization", "batch"),
+        ("augment", -0.5),
+        ("augment", 4.5),
+        ("augment", float("nan")),
     ],
 )
 def test_out_of_range_value_names_key(key, value):

@@ -32,6 +32,7 @@ from trainables.core.data import (
     split_classes,
     synthetic_glyphs,
     to_tensor,
+    train_transform,
 )
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -810,3 +811,50 @@ def test_torch_images_reads_photo_files(tmp_path):
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 8, 8)
     assert sorted(set(labels.tolist())) == [0, 1]
+
+
+# -- augmentation strength (config key augment) --------------------------------------------------
+
+
+def ink_centroids(strength: float, draws: int, size: int = 32) -> np.ndarray:
+    """(draws, 2) x, y ink centroids of a 6 x 6 square centred in a size x size glyph, each jittered once."""
+    glyph = np.full((size, size), 255, np.uint8)
+    glyph[size // 2 - 3 : size // 2 + 3, size // 2 - 3 : size // 2 + 3] = 0
+    transform = train_transform("characters", size, strength)
+    torch.manual_seed(0)
+    ink = torch.stack([transform(to_tensor(glyph, "characters"))[0] for _ in range(draws)]) * 0.5 + 0.5  # undo Normalize
+    ink = ink.clamp(min=0)
+    grid = torch.arange(size, dtype=torch.float32)
+    total = ink.sum(dim=(1, 2))
+    return torch.stack([(ink.sum(dim=1) * grid).sum(dim=1) / total, (ink.sum(dim=2) * grid).sum(dim=1) / total], 1).numpy()
+
+
+def test_augment_zero_prepares_training_images_as_evaluation_images():
+    glyph = synthetic_glyphs(2, 1, 32, seed=0)[0][0]
+    torch.manual_seed(1)
+    got = train_transform("characters", 32, 0.0)(to_tensor(glyph, "characters"))
+    torch.testing.assert_close(got, eval_transform("characters", 32)(to_tensor(glyph, "characters")))
+    photo = np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    as_tensor = to_tensor(photo, "photos")
+    torch.testing.assert_close(train_transform("photos", 16, 0.0)(as_tensor), eval_transform("photos", 16)(as_tensor))
+
+
+def test_augment_scales_the_shift_of_characters():
+    """A centred square moves only by the jitter's shift (rotation, scale and shear are about the centre):
+    at most 8 % of 32 px = 2.56 px at strength 1 and 5.12 px at strength 2, rounded to whole pixels by
+    torchvision, plus interpolation; 300 draws at strength 2 reach beyond strength 1's range."""
+    reference = ink_centroids(0.0, 1)[0]
+    for strength, bound in ((1.0, 3), (2.0, 5)):
+        shifts = np.abs(ink_centroids(strength, 300) - reference)
+        assert shifts.max() <= bound + 0.75, (strength, shifts.max())
+        if strength == 2.0:
+            assert shifts.max() >= 3.5
+    assert np.abs(ink_centroids(0.0, 5) - reference).max() < 1e-4
+
+
+def test_augment_crops_photos_less_at_lower_strength():
+    transform = train_transform("photos", 16, 0.25)  # crops of at least 1 - 0.92 / 4 = 77 % of the area
+    crop = next(step for step in transform.transforms if type(step).__name__ == "RandomResizedCrop")
+    assert crop.scale == pytest.approx((0.77, 1.0))
+    standard = next(step for step in train_transform("photos", 16, 3.0).transforms if type(step).__name__ == "RandomResizedCrop")
+    assert standard.scale == pytest.approx((0.08, 1.0))

@@ -22,6 +22,7 @@ from typing import Any
 # registries that build them (LOSSES, NORMALIZATIONS, OPTIMIZERS, BACKBONES, DATASETS).
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
+MAX_AUGMENT = 4.0  # characters: rotations up to 40 degrees, shifts up to 32 % of the size
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,9 @@ class TrainConfig:
     # data
     dataset: str = "omniglot"
     image_size: int = 0  # 0: the dataset's default (32 for characters, 224 for photos)
+    # strength of the training images' random augmentation (data.train_transform): 1 is the standard
+    # jitter, 0 none, 2 twice the ranges; evaluation images are never augmented
+    augment: float = 1.0
     val_fraction: float = 0.2
 
     @classmethod
@@ -154,6 +158,8 @@ class TrainConfig:
                 f"{source}: normalization='bn' with embedding_reduction=pca is not allowed: the PCA is applied before "
                 "the normalization and bn's statistics are of the unreduced features; expected normalization l2 or none"
             )
+        if not (math.isfinite(self.augment) and 0 <= self.augment <= MAX_AUGMENT):
+            raise bad("augment", f"a strength in [0, {MAX_AUGMENT:g}] (0: no augmentation, 1: the standard jitter)")
         if not 0 < self.val_fraction < 1:
             raise bad("val_fraction", "a fraction in (0, 1)")
         if self.classes_per_batch < 2:

@@ -460,16 +460,27 @@ def to_tensor(array: np.ndarray, kind: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).float().div_(255)
 
 
-def train_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Light affine jitter for characters; random resized crop + flip for photos."""
+def train_transform(kind: str, image_size: int, strength: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The random jitter of training images at ``strength`` (config key ``augment``; 0: none, 1: standard).
+
+    Characters: an affine jitter whose ranges grow with the strength (rotation
+    10 s degrees, shift 8 s % of the size, scale 1 +- 0.1 s, shear 5 s degrees).
+    Photos: a random resized crop of at least max(0.08, 1 - 0.92 s) of the image's
+    area (0.08 at s = 1, the papers' standard, which larger s keeps) and a
+    horizontal flip. At strength 0 the training images are prepared as
+    :func:`eval_transform` prepares evaluation images.
+    """
+    if strength == 0:
+        return eval_transform(kind, image_size)
     mean, std = normalization_stats(kind)
     if kind == "characters":
-        steps = [
-            v2.Resize((image_size, image_size), antialias=True),
-            v2.RandomAffine(degrees=10, translate=(0.08, 0.08), scale=(0.9, 1.1), shear=5),
-        ]
+        jitter = v2.RandomAffine(
+            degrees=10 * strength, translate=(0.08 * strength,) * 2, scale=(1 - 0.1 * strength, 1 + 0.1 * strength), shear=5 * strength
+        )
+        steps = [v2.Resize((image_size, image_size), antialias=True), jitter]
     else:
-        steps = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+        smallest = max(0.08, 1 - 0.92 * strength)
+        steps = [v2.RandomResizedCrop(image_size, scale=(smallest, 1.0), antialias=True), v2.RandomHorizontalFlip()]
     return v2.Compose([*steps, v2.Normalize(mean, std)])
 
 

@@ -330,7 +330,7 @@ def fit(
     if resume is not None:
         run.restore(resume)
     label_index = {c: i for i, c in enumerate(run.classes)}
-    dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size), label_index)
+    dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size, config.augment), label_index)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_sampler=run.sampler,
