@@ -45,7 +45,7 @@ from study.selection import Selection, config_key, extra_seeds, select, selectio
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, split_classes
+from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, validation_split
 
 log = logging.getLogger(__name__)
 
@@ -438,13 +438,14 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     """Load the dataset once on the driver: the space must be able to fill its batches. Returns #fit classes."""
     config = base_config(space)
     splits = load_dataset(config.dataset, data_root, config.image_size)
-    fit_classes, val_classes = split_classes(splits.train.labels, config.val_fraction)
-    check_retrieval_set(splits.train.with_classes(val_classes), None, f"{dataset_label(config.dataset, data_root)}: the validation classes")
+    where = dataset_label(config.dataset, data_root)
+    fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
+    check_retrieval_set(splits.train.with_classes(val_classes), None, f"{where}: the validation classes")
     largest = max_classes_per_batch(space)
     if largest > len(fit_classes):
         raise SpaceError(
             f"{space.path}: classes_per_batch reaches {largest}, but {config.dataset!r} has {len(fit_classes)} fit classes "
-            f"(val_fraction {config.val_fraction}); expected classes_per_batch <= {len(fit_classes)}"
+            f"(val_split {config.val_split}, val_fraction {config.val_fraction}); expected classes_per_batch <= {len(fit_classes)}"
         )
     return len(fit_classes)
 

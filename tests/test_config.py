@@ -48,6 +48,7 @@ def test_unknown_key_is_named():
         ("augment", -0.5),
         ("augment", 4.5),
         ("augment", float("nan")),
+        ("val_split", "alphabet"),
     ],
 )
 def test_out_of_range_value_names_key(key, value):

@@ -29,10 +29,12 @@ from trainables.core.data import (
     eval_transform,
     load_dataset,
     preprocess_batch,
+    split_alphabets,
     split_classes,
     synthetic_glyphs,
     to_tensor,
     train_transform,
+    validation_split,
 )
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -858,3 +860,62 @@ def test_augment_crops_photos_less_at_lower_strength():
     assert crop.scale == pytest.approx((0.77, 1.0))
     standard = next(step for step in train_transform("photos", 16, 3.0).transforms if type(step).__name__ == "RandomResizedCrop")
     assert standard.scale == pytest.approx((0.08, 1.0))
+
+
+# -- validation split by alphabet (config key val_split) -------------------------------------------
+
+
+def alphabet_classes(sizes: dict[str, int]) -> dict[int, str]:
+    """{class id: alphabet} with ``sizes[name]`` consecutive class ids per alphabet."""
+    names = [name for name, size in sizes.items() for _ in range(size)]
+    return {100 + i: name for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_split_alphabets_holds_out_whole_alphabets_nearest_the_fraction(seed):
+    alphabet_of = alphabet_classes({"A": 2, "B": 2, "C": 2, "D": 2, "E": 2})
+    fit, val = split_alphabets(alphabet_of, 0.4, seed=seed)  # 4 of 10 classes: exactly two alphabets
+    held_out = {alphabet_of[int(c)] for c in val}
+    assert len(held_out) == 2 and len(val) == 4
+    assert not held_out & {alphabet_of[int(c)] for c in fit}
+    np.testing.assert_array_equal(np.sort(np.concatenate([fit, val])), np.arange(100, 110))
+    _, tie = split_alphabets(alphabet_of, 0.5, seed=seed)  # 5 classes: 4 and 6 are as near; the smaller wins
+    assert len(tie) == 4
+
+
+def test_split_alphabets_leaves_an_alphabet_to_fit_on_and_holds_out_at_least_one():
+    alphabet_of = alphabet_classes({"A": 3, "B": 3, "C": 3})
+    fit, val = split_alphabets(alphabet_of, 0.99)
+    assert len(val) == 6 and len(fit) == 3
+    fit, val = split_alphabets(alphabet_of, 0.01)
+    assert len(val) == 3 and len(fit) == 6
+
+
+def test_split_alphabets_is_seeded_and_depends_on_the_seed():
+    alphabet_of = alphabet_classes({name: 2 for name in "ABCDEFGH"})
+    picks = {tuple(split_alphabets(alphabet_of, 0.25, seed=seed)[1]) for seed in range(6)}
+    assert split_alphabets(alphabet_of, 0.25, seed=4)[1].tolist() == split_alphabets(alphabet_of, 0.25, seed=4)[1].tolist()
+    assert len(picks) > 1
+
+
+def test_validation_split_by_alphabet_needs_alphabet_names():
+    labels, arrays = np.repeat(np.arange(4), 2), np.zeros((8, 4, 4), np.uint8)
+    images = ImageSet(labels, "characters", arrays=arrays, names={i: f"c{i}" for i in range(4)})
+    with pytest.raises(DatasetError) as error:
+        validation_split(images, "alphabets", 0.5, "dataset 'folder' under /d")
+    assert_one_line(error, "dataset 'folder' under /d", "val_split=alphabets", "alphabet/character")
+    one_alphabet = ImageSet(labels, "characters", arrays=arrays, names={i: f"Latin/c{i}" for i in range(4)})
+    with pytest.raises(DatasetError) as error:
+        validation_split(one_alphabet, "alphabets", 0.5, "dataset 'folder' under /d")
+    assert_one_line(error, "at least 2 training alphabets")
+    fit, val = validation_split(images, "classes", 0.5, "unused")
+    np.testing.assert_array_equal(np.sort(np.concatenate([fit, val])), np.arange(4))
+
+
+@pytest.mark.skipif(shared_data_root() is None, reason="no real Omniglot under shared/data or $DML_DATA_ROOT")
+def test_real_omniglot_validation_alphabet():
+    splits = load_dataset("omniglot", shared_data_root())
+    fit, val = validation_split(splits.train, "alphabets", 0.2, "omniglot")
+    held_out = {splits.train.names[int(c)].split("/")[0] for c in val}
+    assert len(held_out) == 1 and len(val) in (22, 24, 26)  # one alphabet near 0.2 x 136 = 27 classes
+    assert len(fit) + len(val) == 136

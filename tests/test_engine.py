@@ -64,3 +64,20 @@ def test_fit_is_deterministic_and_resumes(one_thread):
     for key in val_keys:
         assert hist_r[2][key] == pytest.approx(hist_a[2][key], abs=1e-6), key
     assert resumed.epoch == 2
+
+
+def test_a_study_run_validates_on_held_out_alphabets_with_val_split_alphabets(tmp_path, one_thread):
+    from tests.test_data import make_omniglot
+    from trainables.core.data import DatasetError
+    from trainables.core.engine import build_run
+
+    make_omniglot(tmp_path)  # Greek, Latin, Balinese: 2 characters each
+    values = dict(dataset="omniglot", val_split="alphabets", classes_per_batch=2, samples_per_class=2, embedding_dim=8)
+    run = build_run(TrainConfig.from_dict(values), data_root=str(tmp_path), device=torch.device("cpu"))
+    alphabet = {c: run.eval_set.names[c].split("/")[0] for c in run.eval_set.names}
+    val = {alphabet[int(c)] for c in run.eval_set.classes}
+    fit = {alphabet[int(c)] for c in run.train_set.classes}
+    assert len(val) == 1 and len(run.eval_set.classes) == 2  # the alphabet nearest 0.2 x 6 classes
+    assert fit == {"Greek", "Latin", "Balinese"} - val
+    with pytest.raises(DatasetError, match="dataset 'synthetic'.*val_split=alphabets"):
+        build_run(TrainConfig.from_dict({**values, "dataset": "synthetic"}), device=torch.device("cpu"))

@@ -407,3 +407,10 @@ def test_writable_check_names_the_flag(tmp_path):
     assert launch.check_storage(str(tmp_path / "new" / "ray")) == str(tmp_path / "new" / "ray")
     assert not [p for p in (tmp_path / "new" / "ray").iterdir()]  # the probe is gone
     assert os.access(tmp_path / "new" / "ray", os.W_OK)
+
+
+def test_validation_by_alphabet_on_data_without_alphabets_is_refused_before_training(tmp_path, runs, capsys):
+    space = smoke_with(tmp_path, "alphabets", fixed__val_split="alphabets")  # the smoke space's synthetic glyphs
+    code, err = run_launch(["--space", str(space)], capsys)
+    assert_refused(code, err, "dataset 'synthetic'", "val_split=alphabets", "alphabet/character", "expected val_split: classes")
+    assert_nothing_left(runs)

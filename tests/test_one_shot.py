@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainables.core.data import ImageSet
-from trainables.core.engine import alphabets
+from trainables.core.data import ImageSet, alphabets
 from trainables.core.metrics import one_shot_error
 
 

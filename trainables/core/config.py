@@ -22,6 +22,7 @@ from typing import Any
 # registries that build them (LOSSES, NORMALIZATIONS, OPTIMIZERS, BACKBONES, DATASETS).
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
+VAL_SPLIT_CHOICES = ("classes", "alphabets")
 MAX_AUGMENT = 4.0  # characters: rotations up to 40 degrees, shifts up to 32 % of the size
 
 
@@ -76,6 +77,9 @@ class TrainConfig:
     # jitter, 0 none, 2 twice the ranges; evaluation images are never augmented
     augment: float = 1.0
     val_fraction: float = 0.2
+    # how a study holds validation classes out of the training classes (data.validation_split):
+    # classes (a seeded random val_fraction of them) | alphabets (whole alphabets, about val_fraction)
+    val_split: str = "classes"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -121,6 +125,7 @@ class TrainConfig:
             ("loss", tuple(LOSSES)),
             ("heating", HEATING_CHOICES),
             ("lr_schedule", LR_SCHEDULE_CHOICES),
+            ("val_split", VAL_SPLIT_CHOICES),
             ("normalization", tuple(NORMALIZATIONS)),
             ("optimizer", tuple(OPTIMIZERS)),
             ("backbone", tuple(BACKBONES)),

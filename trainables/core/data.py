@@ -414,6 +414,52 @@ def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tup
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
+def alphabets(images: ImageSet) -> dict[int, str] | None:
+    """Class id -> alphabet for Omniglot-style names ("alphabet/character"), else None."""
+    names = {int(c): images.names.get(int(c), "") for c in images.classes}
+    if not names or not all("/" in n for n in names.values()):
+        return None
+    return {c: n.split("/")[0] for c, n in names.items()}
+
+
+def split_alphabets(alphabet_of: dict[int, str], val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the training classes into (fit classes, validation classes) along whole alphabets, seeded.
+
+    The alphabets are put in a seeded random order, and the validation classes are
+    those of the first m alphabets, m >= 1 chosen so that their share of the
+    classes is closest to ``val_fraction`` (the smaller m on a tie) while at least
+    one alphabet is left to fit on. Validation then measures what the test
+    measures: retrieval among the characters of an alphabet never trained on.
+    """
+    names = sorted(set(alphabet_of.values()))
+    if len(names) < 2:
+        raise ValueError(f"expected classes of at least 2 alphabets, got {len(names)}")
+    order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+    sizes = np.cumsum([sum(1 for a in alphabet_of.values() if a == name) for name in order])[:-1]
+    m = 1 + int(np.argmin(np.abs(sizes - val_fraction * len(alphabet_of))))
+    held_out = set(order[:m])
+    val = np.array(sorted(c for c, a in alphabet_of.items() if a in held_out), dtype=np.int64)
+    fit = np.array(sorted(c for c, a in alphabet_of.items() if a not in held_out), dtype=np.int64)
+    return fit, val
+
+
+def validation_split(train: ImageSet, val_split: str, val_fraction: float, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(fit classes, validation classes) of a study's training set by config key ``val_split``; ``where`` names the data."""
+    if val_split == "classes":
+        return split_classes(train.labels, val_fraction)
+    alphabet_of = alphabets(train)
+    if alphabet_of is None:
+        raise DatasetError(
+            f"{where}: val_split=alphabets needs class names 'alphabet/character' (as omniglot's); expected val_split: classes"
+        )
+    if len(set(alphabet_of.values())) < 2:
+        raise DatasetError(f"{where}: val_split=alphabets needs at least 2 training alphabets; expected val_split: classes")
+    fit, val = split_alphabets(alphabet_of, val_fraction)
+    if len(val) < 2:
+        raise DatasetError(f"{where}: val_split=alphabets holds out {len(val)} class; expected at least 2 validation classes")
+    return fit, val
+
+
 def dataset_label(name: str, data_root: str | os.PathLike | None) -> str:
     """How errors name a dataset: ``dataset 'folder' under /data``."""
     return f"dataset {name!r}" + (f" under {data_root}" if data_root and name != "synthetic" else "")

@@ -36,11 +36,13 @@ from .data import (
     DatasetSplits,
     ImageSet,
     TorchImages,
+    alphabets,
+    dataset_label,
     eval_transform,
     image_size_for,
     load_dataset,
-    split_classes,
     train_transform,
+    validation_split,
 )
 from .losses import build_loss
 from .metrics import evaluate_embeddings, one_shot_error
@@ -171,14 +173,6 @@ def evaluate(
     return {f"{prefix}_{name}": value for name, value in metrics.items()}
 
 
-def alphabets(images: ImageSet) -> dict[int, str] | None:
-    """Class id -> alphabet for Omniglot-style names ("alphabet/character"), else None."""
-    names = {int(c): images.names.get(int(c), "") for c in images.classes}
-    if not names or not all("/" in n for n in names.values()):
-        return None
-    return {c: n.split("/")[0] for c, n in names.items()}
-
-
 @dataclass
 class Run:
     """Everything one training run holds; ``bundle()`` is its checkpoint."""
@@ -274,7 +268,8 @@ def build_run(
     splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
     image_size = image_size_for(config.dataset, config.image_size)
     if mode == "study":
-        fit_classes, val_classes = split_classes(splits.train.labels, config.val_fraction)
+        where = dataset_label(config.dataset, data_root)
+        fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
         train_set, eval_set, gallery, prefix = splits.train.with_classes(fit_classes), splits.train.with_classes(val_classes), None, "val"
     else:
         train_set, eval_set, gallery, prefix = splits.train, splits.test, splits.gallery, "test"
