@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from rung_fidelity import value_at  # bench/ is the script's folder, so its sibling imports
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUND_TRUTH = ROOT / "docs" / "bench" / "rung_fidelity.jsonl"
@@ -41,10 +42,10 @@ def family_bests(path: Path = GROUND_TRUTH) -> dict[str, dict]:
     for line in path.read_text().splitlines():
         row = json.loads(line)
         budget = max(record["budget"] for record in row["records"])
-        final = [r for r in row["records"] if r["budget"] == budget and r["epoch"] == budget][-1]
+        final = value_at(row, budget, budget, "val_map_at_r")
         loss = row["config"]["loss"]
-        if loss not in best or final["val_map_at_r"] > best[loss][0]:
-            best[loss] = (final["val_map_at_r"], {**row["config"], "ground_truth_index": row["index"]})
+        if loss not in best or final > best[loss][0]:
+            best[loss] = (final, {**row["config"], "ground_truth_index": row["index"]})
     return {loss: config for loss, (_, config) in sorted(best.items())}
 
 

@@ -33,6 +33,7 @@ import os
 import urllib.request
 import warnings
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -428,14 +429,14 @@ def split_alphabets(alphabet_of: dict[int, str], val_fraction: float, seed: int 
     The alphabets are put in a seeded random order, and the validation classes are
     those of the first m alphabets, m >= 1 chosen so that their share of the
     classes is closest to ``val_fraction`` (the smaller m on a tie) while at least
-    one alphabet is left to fit on. Validation then measures what the test
+    one alphabet is left to fit on (so at least 2 alphabets are needed;
+    :func:`validation_split` says so to the user). Validation then measures what the test
     measures: retrieval among the characters of an alphabet never trained on.
     """
-    names = sorted(set(alphabet_of.values()))
-    if len(names) < 2:
-        raise ValueError(f"expected classes of at least 2 alphabets, got {len(names)}")
+    counts = Counter(alphabet_of.values())
+    names = sorted(counts)
     order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
-    sizes = np.cumsum([sum(1 for a in alphabet_of.values() if a == name) for name in order])[:-1]
+    sizes = np.cumsum([counts[name] for name in order])[:-1]
     m = 1 + int(np.argmin(np.abs(sizes - val_fraction * len(alphabet_of))))
     held_out = set(order[:m])
     val = np.array(sorted(c for c, a in alphabet_of.items() if a in held_out), dtype=np.int64)
