@@ -1,21 +1,29 @@
-"""Study efficiency on Omniglot: an exhaustive grid against TPE + ASHA and random search + ASHA.
+"""Study efficiency on Omniglot: the exhaustive grid against searches with the budget scheduler and with stock ASHA.
 
-Runs three studies with ``python -m study.launch`` on the same 24 ICE
-configurations (bench/efficiency_grid.yaml, bench/efficiency_search.yaml):
+The space (bench/efficiency_search.yaml) holds 56 configurations of both loss
+families, heated-up softmax with and without heating and ICE, 8 epochs each.
+The benchmark runs, with ``python -m study.launch``:
 
-* grid: every configuration for the full epoch budget (ASHA off: grace period = epochs);
-* tpe: TPE with ASHA-stopped trials told to Optuna as PRUNED;
-* random: random search with the same ASHA.
+* grid: every configuration for the full budget, nothing stopped (the space
+  enumerated by Optuna's BruteForceSampler into a ``variants`` space);
+* for each sampler seed (default 0, 1, 2) four searches of the same number of
+  trials: {budget scheduler, stock ASHA} x {TPE, random search}, grace period
+  a quarter of the budget, reduction factor 4, no confirmation runs (the grid
+  has none either), 2 trials at a time.
 
-It reports the best validation Recall@1 found against the epochs spent (the
-anytime curve of each study, in the order its trials finished), the share of
-the grid's epochs each search used to come within 1 point of the grid's best,
-and the Spearman rank correlation between the metric at each ASHA rung and the
-final metric, over the grid's configurations (all of which ran every epoch).
+For each search it reports the best validation Recall@1 of a trial trained to
+the full budget, its gap to the grid's best, the epochs spent as a share of the
+grid's, and the epochs spent until the best found came within 1 point of the
+grid's best (the anytime curve, in the order trials finished); the median over
+the seeds per variant. It also reports how well each scheduler's first rung
+ranks configurations by their full-budget value from the grid (Spearman):
+stock ASHA's rung is epoch 2 of the 8-epoch schedule (read from the grid, all
+56 configurations), the budget scheduler's is the end of a schedule scaled to
+2 epochs (read from its searches' trials, every configuration they drew).
 
 Results go to docs/bench/study_efficiency.{json,md,png}.
 
-  DML_DATA_ROOT=../shared/data python bench/study_efficiency.py            # ~25 min on 2 cores
+  DML_DATA_ROOT=../shared/data python bench/study_efficiency.py            # ~60 min on 2 idle cores
   python bench/study_efficiency.py --reuse                                 # recompute from the stored studies
 """
 
@@ -25,88 +33,140 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import optuna
+import yaml
+from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from study.report import rung_rank_correlation  # noqa: E402
 from study.search import open_storage  # noqa: E402
+from study.spaces import VARIANT, load_space  # noqa: E402
 
-GRID, SEARCH = ROOT / "bench" / "efficiency_grid.yaml", ROOT / "bench" / "efficiency_search.yaml"
+SEARCH = ROOT / "bench" / "efficiency_search.yaml"
+SCHEDULERS, SAMPLERS = ("budget", "asha"), ("tpe", "random")
+WITHIN = 0.01  # "within 1 point" of the grid's best validation Recall@1
+
+
+def grid_points(space_path: Path) -> list[dict]:
+    """Every configuration of a space of categorical parameters, conditions honoured (Optuna's BruteForceSampler)."""
+    space = load_space(space_path)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    study = optuna.create_study(sampler=optuna.samplers.BruteForceSampler(seed=0))
+    points: list[dict] = []
+    study.optimize(lambda trial: points.append(space.suggest(trial)) or 0.0, n_trials=10_000)
+    return sorted(points, key=point_name)
+
+
+def point_name(point: dict) -> str:
+    return "_".join(f"{key}={point[key]}" for key in sorted(point))
+
+
+def write_grid_space(points: list[dict], path: Path) -> Path:
+    """The grid as a ``variants`` space: the search space's fixed keys, one variant per configuration."""
+    fixed = yaml.safe_load(SEARCH.read_text())["fixed"]
+    text = {
+        "description": f"every configuration of {SEARCH.name} ({len(points)}), written by bench/study_efficiency.py",
+        "fixed": fixed,
+        "variants": {point_name(p): p for p in points},
+    }
+    path.write_text(yaml.safe_dump(text, sort_keys=False))
+    return path
 
 
 def launch(name: str, space: Path, args: argparse.Namespace, extra: list[str]) -> float:
     command = [
-        sys.executable,
-        "-m",
-        "study.launch",
-        "--space",
-        str(space),
-        "--study-name",
-        name,
-        "--tracking-uri",
-        args.tracking_uri,
-        "--optuna-storage",
-        f"journal:{args.journal}",
-        "--storage-path",
-        str(Path(args.workdir) / "ray"),
-        "--max-concurrent",
-        str(args.max_concurrent),
-        "--cpus-per-trial",
-        "1",
-        "--seed",
-        str(args.seed),
-        *extra,
-    ]
+        sys.executable, "-m", "study.launch", "--space", str(space), "--study-name", name,
+        "--tracking-uri", args.tracking_uri, "--optuna-storage", f"journal:{args.journal}",
+        "--storage-path", str(Path(args.workdir) / "ray"), "--max-concurrent", str(args.max_concurrent),
+        "--cpus-per-trial", "1", "--confirm-seeds", "0", *extra,
+    ]  # fmt: skip
     print("$", " ".join(command), flush=True)
     started = time.time()
     subprocess.run(command, check=True, cwd=ROOT)
     return time.time() - started
 
 
-def trials_of(name: str, journal: str) -> list[optuna.trial.FrozenTrial]:
+def finished_trials(name: str, journal: str) -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{journal}"))
     finished = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
     return sorted(finished, key=lambda t: t.datetime_complete)
 
 
-def anytime(trials: list[optuna.trial.FrozenTrial], max_epochs: int) -> list[tuple[int, float]]:
-    """(epochs spent so far, best final-epoch value so far) after each finished trial, in finishing order."""
+def epochs_of(trial: optuna.trial.FrozenTrial) -> int:
+    """Epochs the trial trained: the budget ladder records them; else one intermediate value per epoch."""
+    return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
+
+
+def anytime(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, float]]:
+    """(epochs spent so far, best full-budget value so far) after each finished trial, in finishing order."""
     spent, best, curve = 0, float("-inf"), []
     for t in trials:
-        spent += len(t.intermediate_values)
-        if t.state.name == "COMPLETE" and len(t.intermediate_values) == max_epochs:
+        spent += epochs_of(t)
+        if t.state == optuna.trial.TrialState.COMPLETE:
             best = max(best, float(t.value))
         curve.append((spent, best))
     return curve
 
 
-def summarize(name: str, trials, max_epochs: int, grid_best: float, grid_epochs: int, wall_s: float | None) -> dict:
-    curve = anytime(trials, max_epochs)
-    within = next((spent for spent, best in curve if best >= grid_best - 0.01), None)
-    complete = [t for t in trials if t.state.name == "COMPLETE"]
+def summarize(trials, grid_best: float, grid_epochs: int, wall_s: float | None) -> dict:
+    curve = anytime(trials)
+    within = next((spent for spent, best in curve if best >= grid_best - WITHIN), None)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(complete, key=lambda t: t.value) if complete else None
+    spent = curve[-1][0] if curve else 0
     return {
-        "study": name,
         "trials": len(trials),
         "complete": len(complete),
-        "pruned": sum(t.state.name == "PRUNED" for t in trials),
-        "epochs_spent": curve[-1][0] if curve else 0,
-        "epochs_share_of_grid": (curve[-1][0] / grid_epochs) if curve else None,
+        "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
+        "epochs_spent": spent,
+        "share_of_grid_epochs": spent / grid_epochs,
         "best_val_recall_at_1": float(best.value) if best else None,
         "best_params": dict(best.params) if best else None,
         "gap_to_grid_best_points": 100 * (grid_best - float(best.value)) if best else None,
         "epochs_to_within_1_point": within,
         "share_of_grid_epochs_to_within_1_point": (within / grid_epochs) if within else None,
+        "target_met": bool(best and grid_best - float(best.value) <= WITHIN and spent <= 0.3 * grid_epochs),
         "curve": curve,
         "wall_s": wall_s,
     }
+
+
+def median_row(runs: list[dict]) -> dict:
+    """The median over the seeds of each figure; a search that never came within 1 point counts as the grid's whole cost."""
+    keys = ("epochs_spent", "share_of_grid_epochs", "best_val_recall_at_1", "gap_to_grid_best_points", "wall_s")
+    row = {key: statistics.median(r[key] for r in runs if r[key] is not None) for key in keys}
+    row["share_of_grid_epochs_to_within_1_point"] = statistics.median(r["share_of_grid_epochs_to_within_1_point"] or 1.0 for r in runs)
+    row["seeds_within_1_point"] = sum(r["gap_to_grid_best_points"] <= 100 * WITHIN for r in runs)
+    row["seeds_target_met"] = sum(r["target_met"] for r in runs)
+    row["seeds"] = len(runs)
+    return row
+
+
+def first_rung_fidelity(grid_trials, searches: dict[str, list], grace: int, max_epochs: int) -> dict:
+    """Spearman between each scheduler's first-rung value and the grid's full-budget value of the same configuration."""
+    final = {t.params[VARIANT]: float(t.value) for t in grid_trials}  # a variant's name is its point_name
+    asha = {t.params[VARIANT]: t.intermediate_values[grace] for t in grid_trials}
+    budget: dict[str, float] = {}
+    for key, trials in searches.items():
+        if key.startswith("budget"):
+            budget.update({point_name(t.params): t.intermediate_values[grace] for t in trials if grace in t.intermediate_values})
+
+    def rho(early: dict[str, float]) -> dict:
+        shared = sorted(set(early) & set(final))
+        value = spearmanr([early[k] for k in shared], [final[k] for k in shared]).statistic if len(shared) >= 3 else float("nan")
+        return {"spearman": float(value), "configurations": len(shared)}
+
+    return {"asha": {"rung": f"epoch {grace} of the {max_epochs}-epoch schedule", **rho(asha)},
+            "budget": {"rung": f"end of the schedule scaled to {grace} epochs", **rho(budget)}}  # fmt: skip
 
 
 def plot(results: dict, grid_best: float, path: Path) -> None:
@@ -115,113 +175,129 @@ def plot(results: dict, grid_best: float, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = {"budget-tpe": "tab:blue", "budget-random": "tab:cyan", "asha-tpe": "tab:red", "asha-random": "tab:orange"}
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, color in (("grid", "tab:gray"), ("tpe", "tab:blue"), ("random", "tab:orange")):
-        curve = [(s, b) for s, b in results[key]["curve"] if b > float("-inf")]
-        if curve:
-            ax.step([s for s, _ in curve], [b for _, b in curve], where="post", color=color, label=key, marker=".")
-    ax.axhline(grid_best, color="k", lw=0.8, ls="--", label="grid best")
-    ax.axhline(grid_best - 0.01, color="k", lw=0.8, ls=":", label="grid best - 1 point")
-    ax.set_xlabel("epochs spent")
-    ax.set_ylabel("best validation Recall@1 (complete trials)")
-    ax.set_title("Omniglot, 24 ICE configurations")
+    curve = [(s, b) for s, b in results["grid"]["curve"] if b > float("-inf")]
+    ax.step([s for s, _ in curve], [b for _, b in curve], where="post", color="tab:gray", label="grid")
+    for variant, color in colors.items():
+        for i, run in enumerate(results[variant]):
+            curve = [(s, b) for s, b in run["curve"] if b > float("-inf")]
+            if curve:
+                label = variant if i == 0 else None
+                ax.step([s for s, _ in curve], [b for _, b in curve], where="post", color=color, label=label, alpha=0.7)
+    ax.axhline(grid_best - WITHIN, color="k", lw=0.8, ls=":", label="grid best - 1 point")
+    ax.set_xscale("log")
+    ax.set_xlabel("epochs spent (log)")
+    ax.set_ylabel("best validation Recall@1 (full-budget trials)")
+    ax.set_title("Omniglot, 56 configurations of both loss families (one line per sampler seed)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def markdown(results: dict, correlation: dict, grid_best: float, command: str, machine: dict, max_epochs: int) -> str:
+def markdown(payload: dict, command: str) -> str:
+    results, machine, grid = payload["results"], payload["machine"], payload["results"]["grid"]
     lines = [
-        f"## Study efficiency (Omniglot, 24 ICE configurations, {max_epochs} epochs each)",
+        f"## Study efficiency (Omniglot, {payload['configurations']} configurations of both loss families, "
+        f"{payload['max_epochs']} epochs each)",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {machine['cpu']} ({machine['cores']} cores); {machine['max_concurrent']} trial(s) at a time, 1 CPU per trial.",
+        f"Machine: {machine['cpu']} ({machine['cores']} cores); {machine['max_concurrent']} trials at a time, 1 CPU each; "
+        f"{payload['search_trials']} trials per search, sampler seeds {', '.join(map(str, payload['seeds']))}.",
         "",
-        "| study | trials | complete / pruned | epochs spent | share of grid epochs | best val R@1 | gap to grid best | "
-        "epochs to within 1 point (share) | wall |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Grid: {grid['trials']} trials, {grid['epochs_spent']} epochs, best validation Recall@1 {payload['grid_best']:.4f} "
+        f"({grid['best_params']}); wall {grid['wall_s'] or 0:.0f} s.",
+        "",
+        "Median over the seeds (the last columns count seeds):",
+        "",
+        "| search | epochs spent (share of grid) | best val R@1 | gap to grid best | share of grid epochs until within 1 point "
+        "| seeds within 1 point | seeds within 1 point on <= 30 % of the epochs | wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for key in ("grid", "tpe", "random"):
-        r = results[key]
-        share = (
-            f"{r['epochs_to_within_1_point']} ({100 * r['share_of_grid_epochs_to_within_1_point']:.0f} %)"
-            if r["epochs_to_within_1_point"]
-            else "never"
-        )
-        wall = f"{r['wall_s']:.0f} s" if r.get("wall_s") else "-"
+    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+        row = median_row(results[variant])
         lines.append(
-            f"| {key} | {r['trials']} | {r['complete']} / {r['pruned']} | {r['epochs_spent']} | {100 * r['epochs_share_of_grid']:.0f} % | "
-            f"{r['best_val_recall_at_1']:.4f} | {r['gap_to_grid_best_points']:.2f} points | {share} | {wall} |"
+            f"| {variant} | {row['epochs_spent']:.0f} ({100 * row['share_of_grid_epochs']:.0f} %) | {row['best_val_recall_at_1']:.4f} | "
+            f"{row['gap_to_grid_best_points']:.2f} points | {100 * row['share_of_grid_epochs_to_within_1_point']:.0f} % | "
+            f"{row['seeds_within_1_point']}/{row['seeds']} | {row['seeds_target_met']}/{row['seeds']} | {row['wall_s']:.0f} s |"
         )
-    lines += [
-        "",
-        f"Grid best validation Recall@1: {grid_best:.4f} ({results['grid']['best_params']}).",
-        "",
-        "Spearman rank correlation between the validation Recall@1 at an ASHA rung and at the last epoch, "
-        "over the grid's 24 configurations:",
-        "",
-        "| epoch | Spearman rho | configurations |",
-        "|---|---|---|",
-    ]
-    for epoch, row in correlation.items():
-        lines.append(f"| {epoch} | {row['spearman']:.3f} | {row['n']} |")
+    lines += ["", "Per seed:", "", "| search | seed | complete / pruned | epochs spent | best val R@1 | gap | best configuration |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+        for seed, r in zip(payload["seeds"], results[variant]):
+            lines.append(
+                f"| {variant} | {seed} | {r['complete']} / {r['pruned']} | {r['epochs_spent']} | {r['best_val_recall_at_1']:.4f} | "
+                f"{r['gap_to_grid_best_points']:.2f} | {r['best_params']} |"
+            )
+    lines += ["", "First rung against the grid's full-budget value of the same configuration:", "",
+              "| scheduler | first rung | Spearman rho | configurations |", "|---|---|---|---|"]  # fmt: skip
+    for key, row in payload["first_rung"].items():
+        lines.append(f"| {key} | {row['rung']} | {row['spearman']:.3f} | {row['configurations']} |")
     lines += ["", "![best validation Recall@1 against epochs spent](study_efficiency.png)", ""]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def machine_of(args: argparse.Namespace) -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "optuna": optuna.__version__,
+            "max_concurrent": args.max_concurrent}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default=str(ROOT / "runs" / "bench"), help="where the studies are stored (default runs/bench)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for study_efficiency.{json,md,png}")
-    parser.add_argument("--search-trials", type=int, default=16, help="trials of the TPE and the random study (default 16)")
+    parser.add_argument("--search-trials", type=int, default=24, help="trials of every search (default 24)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampler seeds (default 0 1 2)")
     parser.add_argument("--max-concurrent", type=int, default=2, help="trials at once in every study (default 2)")
-    parser.add_argument("--grace-period", type=int, default=1, help="ASHA grace period of the searches (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--tag", default="", help="suffix of the study names, to run the benchmark again beside earlier runs")
     parser.add_argument("--reuse", action="store_true", help="do not train; recompute the report from the stored studies")
     args = parser.parse_args(argv)
+    args.journal = str(Path(args.workdir) / "journal.log")
+    args.tracking_uri = f"sqlite:///{Path(args.workdir) / 'mlflow.db'}"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    args.journal = str(workdir / "journal.log")
-    args.tracking_uri = f"sqlite:///{workdir / 'mlflow.db'}"
-    names = {key: f"efficiency-{key}{args.tag}" for key in ("grid", "tpe", "random")}
-    walls: dict[str, float | None] = dict.fromkeys(names)
-    from study.spaces import load_space
-
-    max_epochs = load_space(GRID).fixed["epochs"]
+    max_epochs = int(load_space(SEARCH).fixed["epochs"])
+    grace = max_epochs // 4
+    points = grid_points(SEARCH)
+    grid_space = write_grid_space(points, workdir / f"efficiency_grid{args.tag}.yaml")
+    studies = {"grid": f"efficiency2-grid{args.tag}"}
+    for seed in args.seeds:
+        studies.update({f"{s}-{m}-{seed}": f"efficiency2-{s}-{m}-{seed}{args.tag}" for s in SCHEDULERS for m in SAMPLERS})
+    walls: dict[str, float | None] = dict.fromkeys(studies)
     if not args.reuse:
-        walls["grid"] = launch(names["grid"], GRID, args, ["--grace-period", str(max_epochs)])
-        asha = ["--num-samples", str(args.search_trials), "--grace-period", str(args.grace_period), "--reduction-factor", "3"]
-        walls["tpe"] = launch(names["tpe"], SEARCH, args, [*asha, "--sampler", "tpe"])
-        walls["random"] = launch(names["random"], SEARCH, args, [*asha, "--sampler", "random"])
-    trials = {key: trials_of(name, args.journal) for key, name in names.items()}
-    grid_trials = [t for t in trials["grid"] if t.state.name == "COMPLETE"]
+        walls["grid"] = launch(studies["grid"], grid_space, args, ["--scheduler", "fifo"])
+        for key in list(studies)[1:]:
+            scheduler, sampler, seed = key.split("-")
+            flags = ["--scheduler", scheduler, "--sampler", sampler, "--seed", seed, "--num-samples", str(args.search_trials),
+                     "--grace-period", str(grace), "--reduction-factor", "4"]  # fmt: skip
+            walls[key] = launch(studies[key], SEARCH, args, flags)
+    trials = {key: finished_trials(name, args.journal) for key, name in studies.items()}
+    grid_trials = [t for t in trials["grid"] if t.state == optuna.trial.TrialState.COMPLETE]
     grid_best = max(float(t.value) for t in grid_trials)
-    grid_epochs = sum(len(t.intermediate_values) for t in trials["grid"])
-    results = {key: summarize(names[key], trials[key], max_epochs, grid_best, grid_epochs, walls[key]) for key in names}
-    curves = [[t.intermediate_values[e] for e in sorted(t.intermediate_values)] for t in grid_trials]
-    correlation = rung_rank_correlation(curves, rungs=list(range(1, max_epochs)), final=max_epochs)
-    machine = {
-        "cpu": next(
-            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()
-        ),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "optuna": optuna.__version__,
-        "max_concurrent": args.max_concurrent,
-    }
-    command = "DML_DATA_ROOT=../shared/data python bench/study_efficiency.py" + "".join(
-        f" {flag} {value}"
-        for flag, value in (("--max-concurrent", args.max_concurrent), ("--search-trials", args.search_trials), ("--tag", args.tag))
-        if value
-    )
+    grid_epochs = sum(epochs_of(t) for t in trials["grid"])
+    results: dict = {"grid": summarize(trials["grid"], grid_best, grid_epochs, walls["grid"])}
+    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+        runs = [f"{variant}-{seed}" for seed in args.seeds]
+        results[variant] = [summarize(trials[key], grid_best, grid_epochs, walls[key]) for key in runs]
+    searches = {key: value for key, value in trials.items() if key != "grid"}
+    payload = {
+        "machine": machine_of(args), "configurations": len(points), "max_epochs": max_epochs, "seeds": args.seeds,
+        "search_trials": args.search_trials, "grid_best": grid_best, "grid_epochs": grid_epochs, "results": results,
+        "first_rung": first_rung_fidelity(grid_trials, searches, grace, max_epochs),
+    }  # fmt: skip
+    command = "DML_DATA_ROOT=../shared/data python bench/study_efficiency.py" + (f" --tag {args.tag}" if args.tag else "")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine, "grid_best": grid_best, "grid_epochs": grid_epochs, "results": results, "rank_correlation": correlation}
     (out / "study_efficiency.json").write_text(json.dumps(payload, indent=1, default=str))
     plot(results, grid_best, out / "study_efficiency.png")
-    (out / "study_efficiency.md").write_text(markdown(results, correlation, grid_best, command, machine, max_epochs))
+    (out / "study_efficiency.md").write_text(markdown(payload, command))
     print((out / "study_efficiency.md").read_text())
     return 0
 

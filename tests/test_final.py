@@ -6,11 +6,13 @@ import contextlib
 import io
 import json
 import os
+import runpy
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -220,22 +222,26 @@ def test_weights_file_that_does_not_fit_the_backbone(tmp_path, runs, capsys):
     assert all_runs(uri)[1] == []
 
 
-def test_cli_exit_status_is_2(tmp_path):
+def run_as_main(argv: list[str], monkeypatch) -> int:
+    """``python -m study.final ARGV`` in this interpreter: the module run as ``__main__``, its exit status returned."""
+    monkeypatch.setattr(sys, "argv", ["study.final", *argv])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exited:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: study.final is imported already (by this file)
+        runpy.run_module("study.final", run_name="__main__", alter_sys=True)
+    return exited.value.code
+
+
+def test_cli_exit_status_is_2(tmp_path, monkeypatch, capsys):
     config = write_config(tmp_path / "bad.yaml", embedding_dim=1)
-    out = subprocess.run(
-        [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "embedding_dim" in out.stderr
+    assert run_as_main(["--config", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: ") and "embedding_dim" in err
 
 
-def test_help_is_actionable():
-    out = subprocess.run([sys.executable, "-m", "study.final", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0 and "--seeds" in out.stdout and "--study" in out.stdout and "Examples" in out.stdout
+def test_help_is_actionable(monkeypatch, capsys):
+    assert run_as_main(["--help"], monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert "--seeds" in out and "--study" in out and "Examples" in out
 
 
 # -- the plan: the three modes resolved up front, checked cheaply ------------------------------------------------------

@@ -285,6 +285,8 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
                 uri,
                 "--study-name",
                 "outage",
+                "--confirm-seeds",  # the search's records are under test; no second Tuner of confirmation runs
+                "0",
             ]
         )
         thread.join(timeout=300)
@@ -396,6 +398,8 @@ def test_worker_node_dies_mid_trial(tmp_path, runs):
                 "node-loss",
                 "--max-failures",
                 "2",
+                "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
+                "0",
             ]
         )
     finally:
@@ -542,6 +546,8 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
             name,
             "--max-failures",
             str(max_failures),
+            "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
+            "0",
         ]
     )
     assert code == 0

@@ -80,6 +80,8 @@ def test_sigkill_driver_twice_then_resume_completes_without_duplicates(tmp_path)
         "8",
         "--study-name",
         "killed",
+        "--confirm-seeds",  # the search's records are under test; the resumes take this setting from the study
+        "0",
     ]
     resume = ["--study-name", "killed", "--resume"]
     run_and_kill(start, env, lambda: any(e >= 2 for e in epochs_logged(runs, "killed")))
