@@ -36,7 +36,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -51,7 +50,7 @@ from study.search import open_storage  # noqa: E402
 from study.spaces import VARIANT, load_space  # noqa: E402
 
 SEARCH = ROOT / "bench" / "efficiency_search.yaml"
-SCHEDULERS, SAMPLERS = ("budget", "asha"), ("tpe", "random")
+SEARCHES = ("budget-tpe", "budget-random", "asha-tpe", "asha-random")  # scheduler-sampler
 WITHIN = 0.01  # "within 1 point" of the grid's best validation Recall@1
 
 
@@ -82,17 +81,36 @@ def write_grid_space(points: list[dict], path: Path) -> Path:
     return path
 
 
-def launch(name: str, space: Path, args: argparse.Namespace, extra: list[str]) -> float:
-    command = [
-        sys.executable, "-m", "study.launch", "--space", str(space), "--study-name", name,
-        "--tracking-uri", args.tracking_uri, "--optuna-storage", f"journal:{args.journal}",
-        "--storage-path", str(Path(args.workdir) / "ray"), "--max-concurrent", str(args.max_concurrent),
-        "--cpus-per-trial", "1", "--confirm-seeds", "0", *extra,
-    ]  # fmt: skip
+def launch(name: str, space: Path, args: argparse.Namespace, extra: list[str]) -> None:
+    """Run the study ``name`` to its end: one that an earlier run of the benchmark finished is kept, one it left
+    unfinished is resumed (``--resume``)."""
+    store = ["--tracking-uri", args.tracking_uri, "--optuna-storage", f"journal:{args.journal}",
+             "--storage-path", str(Path(args.workdir) / "ray")]  # fmt: skip
+    if study_wall_s(name, args.tracking_uri) is not None:
+        print(f"kept: study {name}, finished by an earlier run", flush=True)
+        return
+    if name in optuna.get_all_study_names(open_storage(f"journal:{args.journal}")):
+        command = [sys.executable, "-m", "study.launch", "--study-name", name, "--resume", *store]
+    else:
+        command = [
+            sys.executable, "-m", "study.launch", "--space", str(space), "--study-name", name, *store,
+            "--max-concurrent", str(args.max_concurrent), "--cpus-per-trial", "1", "--confirm-seeds", "0", *extra,
+        ]  # fmt: skip
     print("$", " ".join(command), flush=True)
-    started = time.time()
     subprocess.run(command, check=True, cwd=ROOT)
-    return time.time() - started
+
+
+def study_wall_s(name: str, tracking_uri: str) -> float | None:
+    """The wall time a finished study recorded on its MLflow parent run (Ray's start-up apart); None if not finished."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("dml-studies")
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = 'study'")
+    finished = [r for r in runs if r.info.status == "FINISHED" and "wall_time_s" in r.data.metrics]
+    return finished[0].data.metrics["wall_time_s"] if finished else None
 
 
 def finished_trials(name: str, journal: str) -> list[optuna.trial.FrozenTrial]:
@@ -179,7 +197,7 @@ def plot(results: dict, grid_best: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     curve = [(s, b) for s, b in results["grid"]["curve"] if b > float("-inf")]
     ax.step([s for s, _ in curve], [b for _, b in curve], where="post", color="tab:gray", label="grid")
-    for variant, color in colors.items():
+    for variant, color in ((v, c) for v, c in colors.items() if v in results):
         for i, run in enumerate(results[variant]):
             curve = [(s, b) for s, b in run["curve"] if b > float("-inf")]
             if curve:
@@ -215,7 +233,7 @@ def markdown(payload: dict, command: str) -> str:
         "| seeds within 1 point | seeds within 1 point on <= 30 % of the epochs | wall |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+    for variant in payload["searches"]:
         row = median_row(results[variant])
         lines.append(
             f"| {variant} | {row['epochs_spent']:.0f} ({100 * row['share_of_grid_epochs']:.0f} %) | {row['best_val_recall_at_1']:.4f} | "
@@ -224,7 +242,7 @@ def markdown(payload: dict, command: str) -> str:
         )
     lines += ["", "Per seed:", "", "| search | seed | complete / pruned | epochs spent | best val R@1 | gap | best configuration |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+    for variant in payload["searches"]:
         for seed, r in zip(payload["seeds"], results[variant]):
             lines.append(
                 f"| {variant} | {seed} | {r['complete']} / {r['pruned']} | {r['epochs_spent']} | {r['best_val_recall_at_1']:.4f} | "
@@ -250,6 +268,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for study_efficiency.{json,md,png}")
     parser.add_argument("--search-trials", type=int, default=24, help="trials of every search (default 24)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampler seeds (default 0 1 2)")
+    parser.add_argument(
+        "--searches", nargs="+", choices=SEARCHES, default=list(SEARCHES), help="scheduler-sampler pairs to run (default: all four)"
+    )
     parser.add_argument("--max-concurrent", type=int, default=2, help="trials at once in every study (default 2)")
     parser.add_argument("--tag", default="", help="suffix of the study names, to run the benchmark again beside earlier runs")
     parser.add_argument("--reuse", action="store_true", help="do not train; recompute the report from the stored studies")
@@ -269,27 +290,28 @@ def main(argv: list[str] | None = None) -> int:
     grid_space = write_grid_space(points, workdir / f"efficiency_grid{args.tag}.yaml")
     studies = {"grid": f"efficiency2-grid{args.tag}"}
     for seed in args.seeds:
-        studies.update({f"{s}-{m}-{seed}": f"efficiency2-{s}-{m}-{seed}{args.tag}" for s in SCHEDULERS for m in SAMPLERS})
-    walls: dict[str, float | None] = dict.fromkeys(studies)
+        studies.update({f"{search}-{seed}": f"efficiency2-{search}-{seed}{args.tag}" for search in args.searches})
     if not args.reuse:
-        walls["grid"] = launch(studies["grid"], grid_space, args, ["--scheduler", "fifo"])
-        for key in list(studies)[1:]:
+        launch(studies["grid"], grid_space, args, ["--scheduler", "fifo"])
+        for key in list(studies)[1:]:  # seed by seed, so that an interrupted run has whole seeds to report
             scheduler, sampler, seed = key.split("-")
             flags = ["--scheduler", scheduler, "--sampler", sampler, "--seed", seed, "--num-samples", str(args.search_trials),
                      "--grace-period", str(grace), "--reduction-factor", "4"]  # fmt: skip
-            walls[key] = launch(studies[key], SEARCH, args, flags)
+            launch(studies[key], SEARCH, args, flags)
+    walls = {key: study_wall_s(name, args.tracking_uri) for key, name in studies.items()}
     trials = {key: finished_trials(name, args.journal) for key, name in studies.items()}
     grid_trials = [t for t in trials["grid"] if t.state == optuna.trial.TrialState.COMPLETE]
     grid_best = max(float(t.value) for t in grid_trials)
     grid_epochs = sum(epochs_of(t) for t in trials["grid"])
     results: dict = {"grid": summarize(trials["grid"], grid_best, grid_epochs, walls["grid"])}
-    for variant in (f"{s}-{m}" for s in SCHEDULERS for m in SAMPLERS):
+    for variant in args.searches:
         runs = [f"{variant}-{seed}" for seed in args.seeds]
         results[variant] = [summarize(trials[key], grid_best, grid_epochs, walls[key]) for key in runs]
     searches = {key: value for key, value in trials.items() if key != "grid"}
     payload = {
         "machine": machine_of(args), "configurations": len(points), "max_epochs": max_epochs, "seeds": args.seeds,
-        "search_trials": args.search_trials, "grid_best": grid_best, "grid_epochs": grid_epochs, "results": results,
+        "search_trials": args.search_trials, "searches": args.searches, "grid_best": grid_best, "grid_epochs": grid_epochs,
+        "results": results,
         "first_rung": first_rung_fidelity(grid_trials, searches, grace, max_epochs),
     }  # fmt: skip
     command = "DML_DATA_ROOT=../shared/data python bench/study_efficiency.py" + (f" --tag {args.tag}" if args.tag else "")
