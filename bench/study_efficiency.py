@@ -169,8 +169,9 @@ def median_row(runs: list[dict]) -> dict:
     return row
 
 
-def first_rung_fidelity(grid_trials, searches: dict[str, list], grace: int, max_epochs: int) -> dict:
-    """Spearman between each scheduler's first-rung value and the grid's full-budget value of the same configuration."""
+def first_rung_fidelity(grid_trials, searches: dict[str, list], final_map: dict[str, float], grace: int, max_epochs: int) -> dict:
+    """Spearman between each scheduler's first-rung val R@1 and the grid's full-budget val R@1 and val MAP@R of the
+    same configuration (``final_map``: configuration -> final val MAP@R)."""
     final = {t.params[VARIANT]: float(t.value) for t in grid_trials}  # a variant's name is its point_name
     asha = {t.params[VARIANT]: t.intermediate_values[grace] for t in grid_trials}
     budget: dict[str, float] = {}
@@ -178,13 +179,31 @@ def first_rung_fidelity(grid_trials, searches: dict[str, list], grace: int, max_
         if key.startswith("budget"):
             budget.update({point_name(t.params): t.intermediate_values[grace] for t in trials if grace in t.intermediate_values})
 
-    def rho(early: dict[str, float]) -> dict:
-        shared = sorted(set(early) & set(final))
-        value = spearmanr([early[k] for k in shared], [final[k] for k in shared]).statistic if len(shared) >= 3 else float("nan")
-        return {"spearman": float(value), "configurations": len(shared)}
+    def rho(early: dict[str, float], late: dict[str, float]) -> float:
+        shared = sorted(set(early) & set(late))
+        return float(spearmanr([early[k] for k in shared], [late[k] for k in shared]).statistic) if len(shared) >= 3 else float("nan")
 
-    return {"asha": {"rung": f"epoch {grace} of the {max_epochs}-epoch schedule", **rho(asha)},
-            "budget": {"rung": f"end of the schedule scaled to {grace} epochs", **rho(budget)}}  # fmt: skip
+    rungs = {"asha": (f"epoch {grace} of the {max_epochs}-epoch schedule", asha),
+             "asha, on the budget rows' configurations": (f"epoch {grace} of the {max_epochs}-epoch schedule",
+                                                          {k: v for k, v in asha.items() if k in budget}),
+             "budget": (f"end of the schedule scaled to {grace} epochs", budget)}  # fmt: skip
+    return {
+        key: {
+            "rung": rung,
+            "spearman": rho(early, final),
+            "spearman_vs_final_map_at_r": rho(early, final_map),
+            "configurations": len(set(early) & set(final)),
+        }  # fmt: skip
+        for key, (rung, early) in rungs.items()
+    }
+
+
+def final_map_at_r(grid_trials, tracking_uri: str) -> dict[str, float]:
+    """The grid's configurations -> their last val MAP@R, from each trial's MLflow run."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    return {t.params[VARIANT]: client.get_run(t.user_attrs["mlflow_run_id"]).data.metrics["val_map_at_r"] for t in grid_trials}
 
 
 def plot(results: dict, grid_best: float, path: Path) -> None:
@@ -249,9 +268,12 @@ def markdown(payload: dict, command: str) -> str:
                 f"{r['gap_to_grid_best_points']:.2f} | {r['best_params']} |"
             )
     lines += ["", "First rung against the grid's full-budget value of the same configuration:", "",
-              "| scheduler | first rung | Spearman rho | configurations |", "|---|---|---|---|"]  # fmt: skip
+              "| scheduler | first rung (val R@1) | Spearman vs final val R@1 | vs final val MAP@R | configurations |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for key, row in payload["first_rung"].items():
-        lines.append(f"| {key} | {row['rung']} | {row['spearman']:.3f} | {row['configurations']} |")
+        lines.append(
+            f"| {key} | {row['rung']} | {row['spearman']:.3f} | {row['spearman_vs_final_map_at_r']:.3f} | {row['configurations']} |"
+        )
     lines += ["", "![best validation Recall@1 against epochs spent](study_efficiency.png)", ""]
     return "\n".join(lines)
 
@@ -312,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_of(args), "configurations": len(points), "max_epochs": max_epochs, "seeds": args.seeds,
         "search_trials": args.search_trials, "searches": args.searches, "grid_best": grid_best, "grid_epochs": grid_epochs,
         "results": results,
-        "first_rung": first_rung_fidelity(grid_trials, searches, grace, max_epochs),
+        "first_rung": first_rung_fidelity(grid_trials, searches, final_map_at_r(grid_trials, args.tracking_uri), grace, max_epochs),
     }  # fmt: skip
     command = "DML_DATA_ROOT=../shared/data python bench/study_efficiency.py" + (f" --tag {args.tag}" if args.tag else "")
     out = Path(args.out)
