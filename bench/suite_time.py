@@ -1,0 +1,76 @@
+"""The test suite's wall time: in one process (-n 0) against two files at a time (the default, pytest-xdist).
+
+Runs ``python -m pytest`` once per variant per round, the variants interleaved, and reads each run's
+outcome line. Results go to docs/bench/suite_time.{jsonl,md}; the load averages before and after each
+run say what else ran on the machine.
+
+  python bench/suite_time.py                    # two full suites: about 15 min on 2 idle cores
+  python bench/suite_time.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {"one process (-n 0)": ["-n", "0"], "two files at a time (default)": []}
+OUTCOME = re.compile(r"(?P<line>(?:\d+ \w+, )*\d+ passed[^=\n]*?) in (?P<seconds>[\d.]+)s")
+
+
+def run_suite(flags: list[str]) -> dict:
+    load_before = os.getloadavg()[0]
+    started = time.time()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *flags], cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - started
+    found = OUTCOME.search(out.stdout)
+    return {
+        "returncode": out.returncode,
+        "outcome": found["line"] if found else out.stdout[-500:],
+        "pytest_s": float(found["seconds"]) if found else None,
+        "wall_s": wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| round | variant | outcome | pytest s | wall s | load before / after |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['round']} | {r['variant']} | {r['outcome']} | {r['pytest_s']} | {r['wall_s']:.0f} | "
+            f"{r['load_before']:.1f} / {r['load_after']:.1f} |"
+        )
+    base = [r["pytest_s"] for r in rows if r["variant"] == next(iter(VARIANTS)) and r["pytest_s"]]
+    new = [r["pytest_s"] for r in rows if r["variant"] != next(iter(VARIANTS)) and r["pytest_s"]]
+    if base and new:
+        lines += ["", f"Mean ratio (two files at a time / one process): {sum(new) / len(new) / (sum(base) / len(base)):.2f}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of both variants (default 1)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for suite_time.{jsonl,md}")
+    args = parser.parse_args(argv)
+    rows = []
+    for round_ in range(1, args.rounds + 1):
+        for variant, flags in VARIANTS.items():
+            rows.append({"round": round_, "variant": variant, **run_suite(flags)})
+            print(json.dumps(rows[-1]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite_time.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "suite_time.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return 0 if all(r["returncode"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
