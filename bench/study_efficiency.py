@@ -41,11 +41,14 @@ from pathlib import Path
 
 import optuna
 import yaml
+from mlflow import MlflowClient
 from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from study import tracking  # noqa: E402
+from study.records import epochs_trained  # noqa: E402
 from study.search import open_storage  # noqa: E402
 from study.spaces import VARIANT, load_space  # noqa: E402
 
@@ -102,15 +105,10 @@ def launch(name: str, space: Path, args: argparse.Namespace, extra: list[str]) -
 
 def study_wall_s(name: str, tracking_uri: str) -> float | None:
     """The wall time a finished study recorded on its MLflow parent run (Ray's start-up apart); None if not finished."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri)
+    client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("dml-studies")
-    if experiment is None:
-        return None
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = 'study'")
-    finished = [r for r in runs if r.info.status == "FINISHED" and "wall_time_s" in r.data.metrics]
-    return finished[0].data.metrics["wall_time_s"] if finished else None
+    run = tracking.find_study_run(client, experiment.experiment_id, name) if experiment else None
+    return run.data.metrics["wall_time_s"] if run and run.info.status == "FINISHED" and "wall_time_s" in run.data.metrics else None
 
 
 def finished_trials(name: str, journal: str) -> list[optuna.trial.FrozenTrial]:
@@ -119,16 +117,11 @@ def finished_trials(name: str, journal: str) -> list[optuna.trial.FrozenTrial]:
     return sorted(finished, key=lambda t: t.datetime_complete)
 
 
-def epochs_of(trial: optuna.trial.FrozenTrial) -> int:
-    """Epochs the trial trained: the budget ladder records them; else one intermediate value per epoch."""
-    return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
-
-
 def anytime(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, float]]:
     """(epochs spent so far, best full-budget value so far) after each finished trial, in finishing order."""
     spent, best, curve = 0, float("-inf"), []
     for t in trials:
-        spent += epochs_of(t)
+        spent += epochs_trained(t)
         if t.state == optuna.trial.TrialState.COMPLETE:
             best = max(best, float(t.value))
         curve.append((spent, best))
@@ -200,9 +193,7 @@ def first_rung_fidelity(grid_trials, searches: dict[str, list], final_map: dict[
 
 def final_map_at_r(grid_trials, tracking_uri: str) -> dict[str, float]:
     """The grid's configurations -> their last val MAP@R, from each trial's MLflow run."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri)
+    client = MlflowClient(tracking_uri)
     return {t.params[VARIANT]: client.get_run(t.user_attrs["mlflow_run_id"]).data.metrics["val_map_at_r"] for t in grid_trials}
 
 
@@ -324,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = {key: finished_trials(name, args.journal) for key, name in studies.items()}
     grid_trials = [t for t in trials["grid"] if t.state == optuna.trial.TrialState.COMPLETE]
     grid_best = max(float(t.value) for t in grid_trials)
-    grid_epochs = sum(epochs_of(t) for t in trials["grid"])
+    grid_epochs = sum(epochs_trained(t) for t in trials["grid"])
     results: dict = {"grid": summarize(trials["grid"], grid_best, grid_epochs, walls["grid"])}
     for variant in args.searches:
         runs = [f"{variant}-{seed}" for seed in args.seeds]

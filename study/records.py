@@ -352,6 +352,11 @@ def reconcile_before_resume(study: optuna.Study, experiment_dir: str) -> list[in
 
 
 # ----------------------------------------------------------------------------- the end of a study
+def epochs_trained(trial: optuna.trial.FrozenTrial) -> int:
+    """Epochs a trial trained: a ladder of budgets records them; else one intermediate value per epoch."""
+    return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
+
+
 def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Selection | None = None) -> dict[str, Any]:
     """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth).
 
@@ -373,7 +378,7 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
         "n_pruned": counts["PRUNED"],
         "n_failed": counts["FAIL"],
         "wall_time_s": wall_s,
-        "epochs_spent": float(sum(t.user_attrs.get("epochs_trained", len(t.intermediate_values)) for t in trials)),
+        "epochs_spent": float(sum(epochs_trained(t) for t in trials)),
     }
     if selection is not None:
         metrics["confirmation_runs"] = float(sum(len(c.scores) - 1 for c in selection.ranking))
