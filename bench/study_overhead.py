@@ -19,9 +19,12 @@ its own MLflow store, Optuna journal and Ray storage. From the study's own recor
 A variant is ``NAME=SPEC``: SPEC holds environment assignments (``VAR=value``) and extra
 launch flags (``--max-concurrent 4``). The token ``+reuse_actors`` runs the launch with
 ``tune.TuneConfig(reuse_actors=True)`` set by this script (for a launch without its own flag).
+The token ``@PATH`` runs the launch of another checkout (an earlier commit: ``git worktree add
+PATH COMMIT``), so that code before and after a change is measured side by side.
 
   DML_DATA_ROOT=../shared/data python bench/study_overhead.py                          # smoke and short default, baseline vs reused actors
   python bench/study_overhead.py --studies smoke --variant base= --variant four='--max-concurrent 4'
+  python bench/study_overhead.py --studies smoke --variant before=@/tmp/before --variant after=   # two commits
   python bench/study_overhead.py --reuse                                               # the tables again from the .jsonl
 
 Results: docs/bench/study_overhead.jsonl (one line per run) and docs/bench/study_overhead.md.
@@ -69,26 +72,30 @@ STUDIES = {
 }
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str], list[str], bool]:
-    """``NAME=SPEC`` -> (name, environment, extra launch flags, reuse actors by the shim)."""
+def parse_variant(text: str) -> tuple[str, dict[str, str], list[str], bool, Path]:
+    """``NAME=SPEC`` -> (name, environment, extra launch flags, reuse actors by the shim, the checkout to run)."""
     name, _, spec = text.partition("=")
     if not name:
         raise SystemExit(f"--variant {text!r}: expected NAME=SPEC, e.g. reuse=+reuse_actors or four='--max-concurrent 4'")
-    env, flags, reuse = {}, [], False
+    env, flags, reuse, checkout = {}, [], False, ROOT
     for token in shlex.split(spec):
         if token == REUSE_TOKEN:
             reuse = True
+        elif token.startswith("@"):
+            checkout = Path(token[1:]).resolve()
+            if not (checkout / "study" / "launch.py").is_file():
+                raise SystemExit(f"--variant {text!r}: {checkout} holds no study/launch.py; expected a checkout of this project")
         elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", token) and not flags:
             key, _, value = token.partition("=")
             env[key] = value
         else:
             flags.append(token)
-    return name, env, flags, reuse
+    return name, env, flags, reuse, checkout
 
 
 def launch(study: str, variant: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """One study run; returns the bench's own clock readings and the launch's paths."""
-    name, env, flags, reuse = parse_variant(variant)
+    name, env, flags, reuse, checkout = parse_variant(variant)
     study_name = f"{study}-{name}-{int(time.time())}"
     paths = {
         "tracking_uri": f"sqlite:///{workdir / 'mlflow.db'}",
@@ -99,13 +106,14 @@ def launch(study: str, variant: str, args: argparse.Namespace, workdir: Path) ->
     command += [*STUDIES[study](args), "--study-name", study_name, "--tracking-uri", paths["tracking_uri"]]
     command += ["--optuna-storage", f"journal:{paths['journal']}", "--storage-path", paths["storage"], "--seed", str(args.seed), *flags]
     environment = {**os.environ, "DML_RUNS_DIR": str(workdir / "runs"), **env}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
     if args.data_root:
         environment["DML_DATA_ROOT"] = args.data_root
     shown = shlex.join(["python", *(["<reuse shim>"] if reuse else ["-m", "study.launch"]), *command[3:]])
     print(f"$ {' '.join(f'{k}={v}' for k, v in env.items())} {shown}", flush=True)
     lines: list[tuple[float, str]] = []
     started = time.time()
-    with subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+    with subprocess.Popen(command, cwd=checkout, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             lines.append((time.time(), line.rstrip("\n")))
             if args.verbose:
@@ -129,7 +137,8 @@ def launch(study: str, variant: str, args: argparse.Namespace, workdir: Path) ->
 
 
 def result_pids(storage: str, study_name: str) -> dict[str, set[int]]:
-    """Tune trial id -> the pids of the processes its reports came from (result.json of the search and confirmation)."""
+    """Tune trial id -> the pids of the processes its reports came from (result.json of the search and its re-runs;
+    ``NAME-confirm``: the re-runs' own Tuner, before they ran in the search's)."""
     pids: dict[str, set[int]] = {}
     for folder in (Path(storage) / study_name, Path(storage) / f"{study_name}-confirm"):
         for path in folder.glob("*/result.json"):

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from ray.tune import Callback
 
 from study.outcome import COMPLETE, FAIL, PRUNED, epochs_done, is_finite_number, trial_outcome
 from study.records import TrialRecorder
-from study.selection import config_key
+from study.selection import confirmed_trial, train_part
 from study.tracking import first_error_line
 
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
@@ -71,18 +70,19 @@ def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
 
 
 class MlflowTrials(Callback):
-    """One MLflow child run per trial (see TrialRecorder); the driver is the only writer."""
+    """One MLflow child run per trial (see TrialRecorder); the driver is the only writer.
 
-    def __init__(
-        self, recorder: TrialRecorder, metric: str, max_epochs: int, kind: str = "trial", confirms: Mapping[str, int] | None = None
-    ) -> None:
-        """``confirms``: for confirmation runs, the Optuna trial number each config re-runs, keyed by ``config_key``."""
-        self.recorder, self.metric, self.max_epochs, self.kind = recorder, metric, max_epochs, kind
-        self.confirms = confirms or {}
+    A confirmation re-run (its config names the Optuna trial it re-runs, ``study.selection.CONFIRMS_KEY``) is
+    recorded as a ``confirmation`` run with the training config as its params.
+    """
+
+    def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int) -> None:
+        self.recorder, self.metric, self.max_epochs = recorder, metric, max_epochs
 
     def submit(self, op: dict[str, Any]) -> None:
-        number = self.confirms.get(config_key(op["config"]))
-        self.recorder.submit({**op, "kind": self.kind, **({"confirms": number} if number is not None else {})})
+        number = confirmed_trial(op["config"])
+        kind = {"kind": "trial"} if number is None else {"kind": "confirmation", "confirms": number}
+        self.recorder.submit({**op, "config": train_part(op["config"]), **kind})
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.submit({"op": "start", "trial_id": trial.trial_id, "config": dict(trial.config)})
@@ -144,10 +144,13 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress(Callback):
-    """One terminal line whenever a trial reports or ends: states, the best so far and the time left (``time_left``)."""
+    """One terminal line whenever a trial reports or ends: states, the best so far and the time left (``time_left``).
 
-    def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int) -> None:
-        self.metric, self.mode, self.max_epochs, self.num_samples = metric, mode, max_epochs, num_samples
+    ``num_samples`` search trials, then up to ``reruns`` confirmation re-runs, counted apart (never "the best").
+    """
+
+    def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int, reruns: int = 0) -> None:
+        self.metric, self.mode, self.max_epochs, self.num_samples, self.reruns = metric, mode, max_epochs, num_samples, reruns
         self.started = time.time()
         self.last_line = 0.0
 
@@ -160,25 +163,29 @@ class Progress(Callback):
         self.last_line = time.time()
         counts = {"running": 0, COMPLETE: 0, PRUNED: 0, FAIL: 0, "pending": 0}
         best = None
-        finished, running = [], []
+        finished, running, reruns, reruns_done = [], [], 0, 0
         for t in trials:
-            if t.status in ("TERMINATED", "ERROR"):
-                finished.append(trial_epochs(t))
-                state = self._outcome(t)
-                counts[state] += 1
-                value = (t.last_result or {}).get(self.metric)
-                if state == COMPLETE and (best is None or (value > best[0] if self.mode == "max" else value < best[0])):
-                    best = (value, t.trial_id)
-            else:
-                running.append(trial_epochs(t))
+            ended = t.status in ("TERMINATED", "ERROR")
+            (finished if ended else running).append(trial_epochs(t))
+            if confirmed_trial(t.config) is not None:
+                reruns, reruns_done = reruns + 1, reruns_done + ended
+                continue
+            if not ended:
                 counts["running" if t.status == "RUNNING" else "pending"] += 1
+                continue
+            state = self._outcome(t)
+            counts[state] += 1
+            value = (t.last_result or {}).get(self.metric)
+            if state == COMPLETE and (best is None or (value > best[0] if self.mode == "max" else value < best[0])):
+                best = (value, t.trial_id)
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
         elapsed = time.time() - self.started
-        left = time_left(elapsed, self.num_samples, finished, running, self.max_epochs)
+        left = time_left(elapsed, self.num_samples + self.reruns, finished, running, self.max_epochs)
         left_text = f", ~{format_duration(left)} left" if left is not None else ""
+        rerun_text = f", re-runs {reruns_done}/{self.reruns} done" if reruns else ""
         print(
-            f"[{elapsed:6.0f} s{left_text}] {len(trials)}/{self.num_samples} trials: {counts['running']} running, "
-            f"{counts[COMPLETE]} complete, {counts[PRUNED]} pruned, {counts[FAIL]} failed | {best_text} | {event}",
+            f"[{elapsed:6.0f} s{left_text}] {len(trials) - reruns}/{self.num_samples} trials: {counts['running']} running, "
+            f"{counts[COMPLETE]} complete, {counts[PRUNED]} pruned, {counts[FAIL]} failed{rerun_text} | {best_text} | {event}",
             flush=True,
         )
 
@@ -191,7 +198,9 @@ class Progress(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = self._outcome(trial)
         what = {COMPLETE: "complete", PRUNED: f"pruned at rung {epochs_done(trial.last_result)}", FAIL: "failed"}[state]
-        self._line(trials, f"{trial.trial_id} {what}", force=True)
+        number = confirmed_trial(trial.config)
+        who = trial.trial_id if number is None else f"{trial.trial_id} (re-run of Optuna #{number})"
+        self._line(trials, f"{who} {what}", force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._line(trials, f"{trial.trial_id} failed", force=True)

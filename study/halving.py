@@ -1,10 +1,16 @@
-"""Ray Tune's asynchronous successive halving, run apart for each value of one config key (study.schedulers)."""
+"""Ray Tune's asynchronous successive halving, run apart for each value of one config key (study.schedulers).
+
+A study's confirmation re-runs (study.selection) share the search's Tuner: the scheduler lets them train their
+full budget, and they never enter a rung.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+
+from study.selection import confirmed_trial
 
 
 class StratifiedHalving(FIFOScheduler):
@@ -12,6 +18,7 @@ class StratifiedHalving(FIFOScheduler):
 
     Each stratum (a loss family) has its own rungs and cutoffs, so a trial is only ever stopped for being
     in the bottom of its own family. ``key=None``: one stratum, plain asynchronous successive halving.
+    A confirmation re-run is in no stratum: it always continues.
     """
 
     def __init__(self, key: str | None, halving_args: dict[str, Any]) -> None:
@@ -36,16 +43,21 @@ class StratifiedHalving(FIFOScheduler):
         return self.strata[name]
 
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._sub(trial).on_trial_add(tune_controller, trial)
+        if confirmed_trial(trial.config) is None:
+            self._sub(trial).on_trial_add(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
+        if confirmed_trial(trial.config) is not None:
+            return TrialScheduler.CONTINUE
         return self._sub(trial).on_trial_result(tune_controller, trial, result)
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
-        self._sub(trial).on_trial_complete(tune_controller, trial, result)
+        if confirmed_trial(trial.config) is None:
+            self._sub(trial).on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller, trial) -> None:
-        self._sub(trial).on_trial_remove(tune_controller, trial)
+        if confirmed_trial(trial.config) is None:
+            self._sub(trial).on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
         return "; ".join(f"{name}: {sub.debug_string()}" for name, sub in self.strata.items()) or "stratified halving"

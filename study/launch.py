@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import errno
 import functools
-import json
 import logging
 import math
 import os
@@ -41,7 +40,7 @@ from study.interrupts import StopSignals
 from study.journal import journal_file
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
-from study.selection import Selection, config_key, extra_seeds, select, selection_record, top_complete, with_seed
+from study.selection import Selection, confirmed_trial, rerun_candidates, select, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import UsageError
 from trainables.core.config import ConfigError, TrainConfig
@@ -277,6 +276,16 @@ class StudySettings:
 
         resources = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}  # a local Ray's
         return concurrent_slots(10**6, resources.get("CPU", 1.0), self.cpus_per_trial, resources.get("GPU"), self.gpus_per_trial)
+
+    @property
+    def rerun_seeds(self) -> int:
+        """The extra seeds of each top trial's confirmation re-runs (study.selection): none on a grid."""
+        return 0 if self.space.is_grid else self.confirm_seeds
+
+    @property
+    def reruns(self) -> int:
+        """The confirmation re-runs the study's Tuner trains at most, after its ``num_samples`` trials."""
+        return self.confirm_top * self.rerun_seeds
 
     @property
     def stratify_by(self) -> str | None:
@@ -529,38 +538,39 @@ def open_study(settings: StudySettings, client, experiment_id: str, parent_id: s
         raise
 
 
-def trainable(settings: StudySettings, budgets: list[int] | None = None):
-    """The trainable with its runtime settings and resources; ``budgets`` defaults to the scheduler's ladder."""
+def trainable(settings: StudySettings):
+    """The trainable with its runtime settings and resources: the scheduler's ladder of budgets (one schedule for a re-run)."""
     from ray import tune
 
-    from trainables.dml import train_dml
+    from study.selection import train_trial
 
-    budgets = budgets or list(settings.early_stopping.budgets)
     return tune.with_resources(
-        tune.with_parameters(train_dml, data_root=settings.data_root, budgets=budgets),
+        tune.with_parameters(train_trial, data_root=settings.data_root, budgets=list(settings.early_stopping.budgets)),
         {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial},
     )
 
 
 def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
-    """A Tuner of the study: the Optuna searcher (at most --max-concurrent trials at once), the scheduler, MLflow and progress callbacks."""
+    """A Tuner of the study: the Optuna searcher and then the confirmation re-runs (at most --max-concurrent trials at
+    once), the scheduler, MLflow and progress callbacks."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
     from study.callbacks import MlflowTrials, Progress
-    from study.search import OptunaSearcher
+    from study.search import ConfirmingSearcher
 
     s = settings
-    searcher = OptunaSearcher(
-        s.space, s.optuna_storage, s.name, metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler
-    )
+    searcher = ConfirmingSearcher(
+        s.space, s.optuna_storage, s.name, trials=s.num_samples, top=s.confirm_top, seeds=s.rerun_seeds,
+        metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler,
+    )  # fmt: skip
     scheduler = s.early_stopping.scheduler
     return tune.Tuner(
         trainable(s),
         tune_config=tune.TuneConfig(
             metric=s.metric,
             mode=s.mode,
-            num_samples=s.num_samples,
+            num_samples=s.num_samples + s.reruns,
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.slots),
             scheduler=scheduler,
             reuse_actors=s.reuse_actors,
@@ -569,7 +579,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
             name=s.name,
             storage_path=s.storage_path,
             verbose=0,
-            callbacks=[MlflowTrials(recorder, s.metric, s.max_epochs), Progress(s.metric, s.mode, s.max_epochs, s.num_samples)],
+            callbacks=[MlflowTrials(recorder, s.metric, s.max_epochs), Progress(s.metric, s.mode, s.max_epochs, s.num_samples, s.reruns)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
         ),
@@ -585,66 +595,21 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: recor
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
 
 
-def confirmation_tuner(settings: StudySettings, recorder: records.TrialRecorder, jobs: dict[str, int]):
-    """A Tuner that trains the configs of ``jobs`` ({config_key: the Optuna trial it re-runs}) at the full budget, no
-    early stopping, recorded as ``confirmation`` runs that name their Optuna trial."""
-    from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
-    from ray.tune.search import ConcurrencyLimiter
-
-    from study.callbacks import MlflowTrials, Progress
-    from study.search import FixedConfigs
-
+def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selection | None:
+    """The top complete trials ranked by their mean over their own score and their re-runs' (study.selection);
+    None when nothing was re-run (a grid, --confirm-seeds 0, fewer than two complete trials). ``results``: the
+    Tuner's ResultGrid, re-runs included."""
     s = settings
-    configs = [json.loads(key) for key in jobs]
-    name = f"{s.name}-confirm"
-    if s.resume and tune.Tuner.can_restore(os.path.join(s.storage_path, name)):
-        return tune.Tuner.restore(os.path.join(s.storage_path, name), trainable(s, [s.max_epochs]), resume_unfinished=True)
-    return tune.Tuner(
-        trainable(s, [s.max_epochs]),
-        tune_config=tune.TuneConfig(
-            metric=s.metric,
-            mode=s.mode,
-            num_samples=len(configs),
-            search_alg=ConcurrencyLimiter(FixedConfigs(configs), max_concurrent=s.slots),
-            scheduler=FIFOScheduler(),
-            reuse_actors=s.reuse_actors,
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=s.storage_path,
-            verbose=0,
-            callbacks=[
-                MlflowTrials(recorder, s.metric, s.max_epochs, kind="confirmation", confirms=jobs),
-                Progress(s.metric, s.mode, s.max_epochs, len(configs)),
-            ],
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            failure_config=tune.FailureConfig(max_failures=s.max_failures),
-        ),
-    )
-
-
-def confirm_best(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder, stops: StopSignals) -> Selection | None:
-    """Re-run the top complete trials with extra seeds and rank them by mean (study.selection); None when there is no choice."""
-    s = settings
-    complete = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    numbers = top_complete({n: t.value for n, t in complete.items()}, s.confirm_top, s.mode)
-    if s.space.is_grid or s.confirm_seeds < 1 or len(numbers) < 2:
+    complete = {t.number: t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    numbers = rerun_candidates(complete, s.confirm_top, s.mode, s.rerun_seeds)
+    if not numbers:
         return None
-    jobs = {}  # the config re-run, as config_key -> the Optuna trial number it confirms
-    for n in numbers:
-        config = complete[n].user_attrs["config"]
-        jobs.update({config_key(with_seed(config, seed)): n for seed in extra_seeds(config, s.confirm_seeds)})
-    print(f"\nconfirming the top {len(numbers)} trials (Optuna {', '.join(f'#{n}' for n in numbers)}) with {s.confirm_seeds} extra seed(s)")
-    tuner = confirmation_tuner(s, recorder, jobs)
-    with stops.graceful():
-        grid = tuner.fit()
-    scores = {n: [complete[n].value] for n in numbers}
-    for result in grid:
-        n, value = jobs.get(config_key(result.config)), (result.metrics or {}).get(s.metric)
-        if n is not None and result.error is None and is_finite_number(value):
-            scores[n].append(float(value))
-    selection = select(scores, s.mode)
+    reruns = {n: {} for n in numbers}  # Optuna trial -> {seed: score}
+    for result in results:
+        n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.metric)
+        if n in reruns and result.error is None and is_finite_number(value):
+            reruns[n][int(result.config["seed"])] = float(value)
+    selection = select({n: [complete[n], *(v for _, v in sorted(reruns[n].items()))] for n in numbers}, s.mode)
     study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
     return selection
 
@@ -657,8 +622,9 @@ def print_header(s: StudySettings) -> None:
     import ray
 
     ray_address = ray.get_runtime_context().gcs_address
+    reruns = f", then the top {s.confirm_top} re-run with {s.confirm_seeds} more seed(s) each" if s.reruns else ""
     print(
-        f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs, space {s.space.path}, "
+        f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs{reruns}, space {s.space.path}, "
         f"{s.metric} ({s.mode}), {s.slots} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
         flush=True,
     )
@@ -689,8 +655,8 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                 tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
                 print_header(s)
                 with stops.graceful():
-                    tuner.fit()
-                selection = confirm_best(s, study, recorder, stops)
+                    results = tuner.fit()
+                selection = selection_of(s, study, results)
                 with stops.deferred():
                     summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection, usage)
     named = {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment}

@@ -16,6 +16,8 @@
   of their full-budget schedule, before heating and the lr decay (the baseline).
 - ``fifo``: no early stopping; every trial trains its full budget.
 
+Neither halving scheduler judges a study's confirmation re-runs (study.halving).
+
 This module imports Ray only when a scheduler is built, so that the driver can
 configure the local Ray (study.launch) before anything imports it.
 """
@@ -46,7 +48,7 @@ def make_early_stopping(
     kind: str, max_epochs: int, grace_period: int, reduction_factor: float, stratify_by: str | None = None
 ) -> EarlyStopping:
     """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs; ``budget`` halves within ``stratify_by``."""
-    from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
 
     from study.halving import StratifiedHalving
 
@@ -62,7 +64,7 @@ def make_early_stopping(
         "reduction_factor": reduction_factor,
         "brackets": 1,
     }
-    halving = StratifiedHalving(stratify_by, halving_args) if kind == "budget" else AsyncHyperBandScheduler(**halving_args)
+    halving = StratifiedHalving(stratify_by if kind == "budget" else None, halving_args)  # asha: one stratum
     budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
     return EarlyStopping(kind, halving, budgets, rungs, stratify_by if kind == "budget" else None)
 

@@ -22,7 +22,6 @@ history.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 from typing import Any
@@ -32,6 +31,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from study.outcome import COMPLETE, FAIL, PRUNED, is_finite_number, trial_outcome
+from study.selection import confirmation_config, extra_seeds, rerun_candidates
 from study.spaces import Space
 
 log = logging.getLogger(__name__)
@@ -158,33 +158,39 @@ class OptunaSearcher(Searcher):
         self._reported = {tid: set(stored[trial.number].intermediate_values) for tid, trial in self._live.items()}
 
 
-class FixedConfigs(Searcher):
-    """Hands out ``configs`` in order, one per trial, then says FINISHED (the confirmation runs of a study).
+class ConfirmingSearcher(OptunaSearcher):
+    """``trials`` trials from Optuna, then the re-runs of the top ``top`` complete ones with ``seeds`` extra seeds each.
 
-    Ray's BasicVariantGenerator needs every key of a preset point in the param space; this searcher gives
-    each trial exactly its config, whatever keys it has.
+    A top trial is re-run as soon as it is settled (``study.selection.rerun_candidates``: no trial still to end can
+    push it out of the top ``top``), so the re-runs start while the search's last trials run, in the same Tuner and
+    its warm workers. ``seeds`` 0 (a grid, ``--confirm-seeds 0``) re-runs nothing. The Tuner's ``num_samples`` is
+    ``trials + top x seeds``; the searcher says FINISHED once it has nothing more to give.
     """
 
-    def __init__(self, configs: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.configs = [dict(c) for c in configs]
-        self.given: dict[str, int] = {}  # Tune trial id -> index in configs
+    def __init__(self, space: Space, storage, study_name: str, *, trials: int, top: int, seeds: int, **kwargs: Any) -> None:
+        super().__init__(space, storage, study_name, **kwargs)
+        self.trials, self.top, self.seeds = trials, top, seeds
+        self.reruns: dict[str, tuple[int, int]] = {}  # Tune trial id of a re-run -> (Optuna trial, seed)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        if trial_id not in self.given:
-            if len(self.given) >= len(self.configs):
-                return Searcher.FINISHED
-            self.given[trial_id] = len(self.given)
-        return dict(self.configs[self.given[trial_id]])
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        pass
+        if len(self.numbers) < self.trials:
+            return super().suggest(trial_id)
+        unfinished = len(self._live)  # the search's trials still running, as Tune has told this searcher
+        complete = {t.number: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+        given = set(self.reruns.values())
+        for number in rerun_candidates({n: t.value for n, t in complete.items()}, self.top, self.mode, self.seeds, unfinished):
+            config = complete[number].user_attrs["config"]
+            for seed in extra_seeds(config, self.seeds):
+                if (number, seed) not in given:
+                    self.reruns[trial_id] = (number, seed)
+                    return confirmation_config(config, seed, number)
+        return Searcher.FINISHED if unfinished == 0 else None  # else wait: a trial that ends may settle another
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "w") as f:
-            json.dump({"configs": self.configs, "given": self.given}, f)
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"numbers": self.numbers, "live": self._live, "reruns": self.reruns}, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path) as f:
-            state = json.load(f)
-        self.configs, self.given = state["configs"], state["given"]
+        super().restore(checkpoint_path)
+        with open(checkpoint_path, "rb") as f:
+            self.reruns = pickle.load(f).get("reruns", {})

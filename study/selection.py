@@ -6,16 +6,25 @@ configuration is named, the top ``k`` complete trials are trained again at the
 full budget with extra seeds (as powerful-benchmarker's reproductions do), and
 the configuration with the best *mean* wins. The summary says how far the
 winner leads the runner-up in standard errors of the difference of the means.
+
+The re-runs are trials of the search's own Tuner, on its warm workers
+(``study.search.ConfirmingSearcher``): a re-run's config carries
+``CONFIRMS_KEY``, the Optuna trial it re-runs, which the scheduler (never
+judges it), the MLflow callback (records it as a ``confirmation`` run) and
+``train_trial`` (trains one schedule of its epochs, no ladder) read. A trial is
+re-run as soon as it is sure to stay in the top ``k`` (``rerun_candidates``), so the
+re-runs fill the slots the search's last trials leave idle.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+CONFIRMS_KEY = "confirms_trial"  # in a re-run's config: the number of the Optuna trial it re-runs
 
 
 def top_complete(values: dict[int, float], k: int, mode: str) -> list[int]:
@@ -30,9 +39,42 @@ def with_seed(config: dict[str, Any], seed: int) -> dict[str, Any]:
     return {**config, "seed": int(seed)}
 
 
-def config_key(config: dict[str, Any]) -> str:
-    """A config as sorted JSON: how a confirmation run's config is matched to the Optuna trial it re-runs."""
-    return json.dumps(config, sort_keys=True)
+def rerun_candidates(values: dict[int, float], k: int, mode: str, seeds: int, unfinished: int = 0) -> list[int]:
+    """The trials re-run with ``seeds`` extra seeds and ranked by mean, best first: the top ``k`` of ``values``.
+
+    None without extra seeds or with fewer than two finite values (nothing to compare). With ``unfinished`` trials
+    still to end, only those sure to stay in the top ``k``: each trial still to end adds at most one value to the
+    ranking and so pushes each trial down at most one place, so the current top ``k - unfinished`` stay.
+    """
+    if seeds < 1 or len(top_complete(values, 2, mode)) < 2:
+        return []
+    return top_complete(values, max(k - max(unfinished, 0), 0), mode)
+
+
+def confirmation_config(config: dict[str, Any], seed: int, number: int) -> dict[str, Any]:
+    """The config of a re-run of Optuna trial ``number`` from ``seed``."""
+    return {**with_seed(config, seed), CONFIRMS_KEY: int(number)}
+
+
+def confirmed_trial(config: dict[str, Any]) -> int | None:
+    """The Optuna trial a re-run's config re-runs; None for a search trial."""
+    number = config.get(CONFIRMS_KEY)
+    return None if number is None else int(number)
+
+
+def train_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The training config of a trial's config: without ``CONFIRMS_KEY``."""
+    return {k: v for k, v in config.items() if k != CONFIRMS_KEY}
+
+
+def train_trial(config: dict[str, Any], **runtime: Any) -> None:
+    """The study's Ray Tune trainable: ``trainables.dml.train_dml``, with a re-run trained on one schedule of its
+    epochs (no ladder of budgets: the full budget, as ``study.final`` trains it)."""
+    from trainables.dml import train_dml
+
+    if confirmed_trial(config) is not None:
+        runtime = {**runtime, "budgets": None}
+    train_dml(train_part(config), **runtime)
 
 
 def extra_seeds(config: dict[str, Any], n: int) -> list[int]:

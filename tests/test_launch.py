@@ -17,6 +17,7 @@ import yaml
 
 from study import launch, records, tracking
 from study.search import open_storage
+from study.selection import CONFIRMS_KEY
 
 pytestmark = pytest.mark.slow
 EPOCHS = 4
@@ -282,6 +283,9 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
         assert run.info.run_name == f"confirm-{number}-{run.data.tags['trial_id']}"
         config = study.trials[number].user_attrs["config"]
         assert run.data.params["lr"] == str(config["lr"]) and run.data.params["seed"] == str(config.get("seed", 0) + 1)
+        # one schedule of the full budget, no ladder: no budget metric, EPOCHS epochs recorded
+        assert "budget" not in run.data.metrics and "completed_budget" not in run.data.metrics
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == list(range(1, EPOCHS + 1))
     assert {e["trial"] for e in selection["ranking"]} == {t.number for t in complete[:2]}
     means = [e["mean"] for e in selection["ranking"]]
     assert means == sorted(means, reverse=True)
@@ -296,10 +300,19 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
 
 
 def test_trials_reuse_the_worker_processes_of_finished_ones(budget_study):
-    """5 trials on 2 slots (--reuse-actors, the default): fewer worker processes than trials, and each trial ran in one."""
+    """5 trials and 2 re-runs on 2 slots (--reuse-actors, the default), all in the search's one Tuner: fewer worker
+    processes than trials, and the re-runs in processes that ran search trials (warm, the dataset decoded), but
+    one: Ray Tune keeps a single idle worker while the searcher has nothing to give (a re-run waits for the last
+    search trial), so the re-run given after that may start a worker of its own."""
     import json
 
+    folders = sorted(p.name for p in (budget_study["runs"] / "ray").iterdir() if p.is_dir())
+    assert folders == ["budgets"]  # no second Tuner's experiment for the re-runs
     trial_dirs = [d for d in (budget_study["runs"] / "ray" / "budgets").iterdir() if (d / "result.json").is_file()]
-    pids = {d.name: {json.loads(line)["pid"] for line in (d / "result.json").read_text().splitlines() if line.strip()} for d in trial_dirs}
-    assert len(pids) == 5
+    results = {d.name: [json.loads(line) for line in (d / "result.json").read_text().splitlines() if line.strip()] for d in trial_dirs}
+    pids = {name: {r["pid"] for r in rs} for name, rs in results.items()}
+    reruns = {name for name, rs in results.items() if CONFIRMS_KEY in rs[0]["config"]}
+    assert len(pids) == 7 and len(reruns) == 2
     assert len(set().union(*pids.values())) < len(pids)
+    search_pids = set().union(*(pids[name] for name in pids if name not in reruns))
+    assert sum(not pids[name] <= search_pids for name in reruns) <= 1

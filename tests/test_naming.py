@@ -5,7 +5,6 @@ Fast tests: the engine on generated glyphs for a few epochs, a local MLflow stor
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -128,15 +127,18 @@ def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_
 
 
 def test_a_confirmation_run_names_the_optuna_trial_it_re_runs(study_store, runs):
+    from study.selection import CONFIRMS_KEY
+
     uri, experiment_id, parent, _, client = study_store
-    config = {"loss": "ice", "lr": 0.002, "seed": 1}
-    confirms = {json.dumps(config, sort_keys=True): 7}  # the seed-1 re-run of Optuna trial #7
+    config = {"loss": "ice", "lr": 0.002, "seed": 1, CONFIRMS_KEY: 7}  # the seed-1 re-run of Optuna trial #7
     recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"))
-    callback = MlflowTrials(recorder, "val_recall_at_1", 4, kind="confirmation", confirms=confirms)
-    callback.on_trial_start(0, [], SimpleNamespace(trial_id="ef57", config=dict(reversed(list(config.items())))))
+    callback = MlflowTrials(recorder, "val_recall_at_1", 4)
+    callback.on_trial_start(0, [], SimpleNamespace(trial_id="ef57", config=config))
     run = client.get_run(recorder.run_ids["ef57"])
     assert run.info.run_name == "confirm-7-ef57" and run.data.tags["confirms_optuna_trial"] == "7"
+    assert run.data.tags["kind"] == "confirmation"
     assert "optuna_trial_number" not in run.data.tags  # that tag names search trials only
+    assert set(run.data.params) == set(TrainConfig.keys()) and run.data.params["seed"] == "1"  # the training config only
 
 
 def test_the_optuna_study_names_its_objective_parent_run_and_space_once(study_store):

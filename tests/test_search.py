@@ -236,17 +236,105 @@ def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
     assert trial.user_attrs["epochs_trained"] == 4
 
 
-def test_fixed_configs_hand_out_each_config_once_and_survive_a_restore(tmp_path):
+# -- the confirmation re-runs, in the search's own Tuner ---------------------------------------
+def confirming(storage, trials: int, top: int = 3, seeds: int = 1):
+    from study.search import ConfirmingSearcher
+
+    space = parse_space(SEARCHED, "test.yaml")
+    optuna.create_study(study_name="c", storage=open_storage(storage), direction="maximize")
+    kwargs = {"metric": METRIC, "mode": "max", "max_epochs": EPOCHS, "seed": 0}
+    return ConfirmingSearcher(space, storage, "c", trials=trials, top=top, seeds=seeds, **kwargs)
+
+
+def finish(searcher, trial_id: str, value: float) -> None:
+    searcher.on_trial_complete(trial_id, result(EPOCHS, value))
+
+
+def test_a_top_trial_is_re_run_once_no_running_trial_can_push_it_out_of_the_top():
+    """5 trials, top 3, 1 extra seed. Trials a-c end with 0.5, 0.9, 0.7 while d and e run: d and e can push each
+    trial down two places, so only the best (b) is sure to stay in the top 3 -> b re-runs first; c waits for d."""
     from ray.tune.search import Searcher
 
-    from study.search import FixedConfigs
+    from study.selection import CONFIRMS_KEY
 
-    configs = [{"loss": "ice", "ice_scale": 32.0, "seed": 1}, {"loss": "softmax", "alpha": 8.0, "seed": 1}]
-    searcher = FixedConfigs(configs)
-    assert searcher.suggest("a") == configs[0]
-    assert searcher.suggest("a") == configs[0]  # asked again for the same trial: the same config
-    searcher.save(str(tmp_path / "state.json"))
-    restored = FixedConfigs([])
-    restored.restore(str(tmp_path / "state.json"))
-    assert restored.suggest("b") == configs[1]
-    assert restored.suggest("c") == Searcher.FINISHED
+    searcher = confirming(optuna.storages.InMemoryStorage(), trials=5)
+    configs = {tid: searcher.suggest(tid) for tid in "abcde"}
+    numbers = searcher.numbers
+    for tid, value in zip("abc", (0.5, 0.9, 0.7), strict=True):
+        finish(searcher, tid, value)
+    first = searcher.suggest("r1")
+    assert first == {**configs["b"], "seed": 1, CONFIRMS_KEY: numbers["b"]}
+    assert searcher.suggest("r2") is None  # nothing else is settled while d and e run: wait
+    finish(searcher, "d", 0.8)  # top 3 now b, d, c; e may still push c out
+    assert searcher.suggest("r2") == {**configs["d"], "seed": 1, CONFIRMS_KEY: numbers["d"]}
+    assert searcher.suggest("r3") is None
+    finish(searcher, "e", 0.95)  # e enters first: the top 3 is e, b, d; c never re-runs
+    assert searcher.suggest("r3") == {**configs["e"], "seed": 1, CONFIRMS_KEY: numbers["e"]}
+    assert searcher.suggest("r4") == Searcher.FINISHED
+    assert all(t.state.is_finished() for t in searcher.study.get_trials())  # re-runs are not Optuna trials
+    assert len(searcher.study.get_trials()) == 5
+
+
+def test_re_runs_take_each_extra_seed_and_survive_a_restore(tmp_path):
+    from ray.tune.search import Searcher
+
+    from study.search import ConfirmingSearcher
+    from study.selection import confirmed_trial
+
+    storage = f"journal:{tmp_path / 'journal.log'}"
+    searcher = confirming(storage, trials=2, top=2, seeds=2)
+    configs = {tid: searcher.suggest(tid) for tid in "ab"}
+    finish(searcher, "a", 0.6)
+    finish(searcher, "b", 0.4)
+    given = [searcher.suggest("r1"), searcher.suggest("r2")]
+    assert [(c["seed"], confirmed_trial(c)) for c in given] == [(1, searcher.numbers["a"]), (2, searcher.numbers["a"])]
+    searcher.save(str(tmp_path / "state.pkl"))
+    restored = pickle.loads(pickle.dumps(searcher))  # as Ray keeps the searcher with the experiment
+    restored.restore(str(tmp_path / "state.pkl"))
+    assert isinstance(restored, ConfirmingSearcher) and set(restored.reruns) == {"r1", "r2"}
+    rest = [restored.suggest("r3"), restored.suggest("r4")]
+    assert [(c["lr"], c["seed"]) for c in rest] == [(configs["b"]["lr"], 1), (configs["b"]["lr"], 2)]
+    assert restored.suggest("r5") == Searcher.FINISHED
+
+
+@pytest.mark.parametrize(("seeds", "values"), [(0, (0.6, 0.4)), (1, (0.6, None))])
+def test_nothing_is_re_run_without_seeds_or_with_one_complete_trial(seeds, values):
+    from ray.tune.search import Searcher
+
+    searcher = confirming(optuna.storages.InMemoryStorage(), trials=2, seeds=seeds)
+    searcher.suggest("a"), searcher.suggest("b")
+    assert searcher.suggest("c") is None  # the search's trials still run
+    finish(searcher, "a", values[0])
+    searcher.on_trial_complete("b", result(1, 0.1) if values[1] is None else result(EPOCHS, values[1]))  # pruned, or complete
+    assert searcher.suggest("c") == Searcher.FINISHED
+
+
+@pytest.mark.parametrize("kind", ["budget", "asha"])
+def test_the_halving_schedulers_never_judge_a_re_run_nor_rank_others_against_it(kind):
+    """Rung 1 of 4 epochs, eta 2: the cutoff is the median of the rung's recorded values. a (0.9) passes first; the
+    re-run's 0.99 would lift the cutoff for b (0.93) to 0.945 and stop it; unrecorded, b passes the cutoff 0.9."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from study.schedulers import make_early_stopping
+    from study.selection import CONFIRMS_KEY
+
+    scheduler = make_early_stopping(kind, 4, 1, 2, "loss" if kind == "budget" else None).scheduler
+    scheduler.set_search_properties(METRIC, "max")
+    trials = {
+        "a": SimpleNamespace(trial_id="a", config={"loss": "ice"}),
+        "r": SimpleNamespace(trial_id="r", config={"loss": "ice", CONFIRMS_KEY: 0}),
+        "b": SimpleNamespace(trial_id="b", config={"loss": "ice"}),
+    }
+    for trial in trials.values():
+        scheduler.on_trial_add(None, trial)
+
+    def report(tid: str, value: float) -> str:
+        return scheduler.on_trial_result(None, trials[tid], {"training_iteration": 1, "completed_budget": 1, METRIC: value})
+
+    assert report("a", 0.9) == TrialScheduler.CONTINUE
+    assert report("r", 0.99) == TrialScheduler.CONTINUE
+    assert report("r", 0.0) == TrialScheduler.CONTINUE  # never stopped, however low
+    assert report("b", 0.93) == TrialScheduler.CONTINUE
+    scheduler.on_trial_complete(None, trials["r"], {"training_iteration": 4, "completed_budget": 4, METRIC: 0.99})

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from study.interrupts import StopSignals
 from study.selection import extra_seeds, select, top_complete, with_seed
 
 
@@ -61,13 +59,48 @@ def test_select_single_candidate_and_no_candidates():
         select({}, "max")
 
 
-# -- the confirmation stage of study.launch, with the Tuner replaced by a stand-in ------------------
-def test_confirm_best_reruns_the_top_trials_with_extra_seeds_and_ranks_by_mean(monkeypatch):
+@pytest.mark.parametrize(
+    ("unfinished", "expected"),
+    [(0, [1, 3, 2]), (1, [1, 3]), (2, [1]), (3, []), (5, [])],
+)
+def test_rerun_candidates_are_the_trials_no_unfinished_trial_can_push_out_of_the_top(unfinished, expected):
+    from study.selection import rerun_candidates
+
+    values = {0: 0.90, 1: 0.97, 2: 0.95, 3: 0.96}  # best first: 1, 3, 2, 0
+    assert rerun_candidates(values, 3, "max", 1, unfinished) == expected
+    assert rerun_candidates({0: 2.0, 1: 1.0, 2: 3.0}, 2, "min", 1, 1) == [1]
+
+
+def test_nothing_is_a_rerun_candidate_without_seeds_or_a_second_finite_value():
+    from study.selection import rerun_candidates
+
+    assert rerun_candidates({0: 0.9, 1: 0.8}, 3, "max", 0) == []
+    assert rerun_candidates({0: 0.9, 1: float("nan")}, 3, "max", 1) == []
+    assert rerun_candidates({0: 0.9, 1: 0.8}, 3, "max", 2) == [0, 1]
+
+
+def test_rerun_candidates_stay_in_the_final_top_whatever_the_unfinished_trials_score():
+    """By brute force: for every outcome of 2 unfinished trials, the candidates are in the final top 3."""
+    import itertools
+
+    from study.selection import rerun_candidates
+
+    values = {0: 0.5, 1: 0.7, 2: 0.6, 3: 0.2}
+    settled = rerun_candidates(values, 3, "max", 1, unfinished=2)
+    for a, b in itertools.product([0.1, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9], repeat=2):
+        final = top_complete({**values, 4: a, 5: b}, 3, "max")
+        assert set(settled) <= set(final)
+    assert settled == [1]
+
+
+# -- the selection of study.launch, from the Tuner's results with their re-runs ------------------
+def test_selection_ranks_the_top_trials_by_the_mean_of_their_re_runs():
     from types import SimpleNamespace
 
     import optuna
 
     from study import launch
+    from study.selection import confirmation_config
 
     study = optuna.create_study(direction="maximize")
     for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
@@ -76,27 +109,22 @@ def test_confirm_best_reruns_the_top_trials_with_extra_seeds_and_ranks_by_mean(m
                 value=value, params={}, distributions={}, user_attrs={"config": {"lr": 0.001 * (number + 1), "seed": 0}}
             )
         )
-    rerun = {0.002: 0.92, 0.004: 0.96, 0.003: 0.95}  # trial 1 (0.97) falls back on its extra seed; trial 3 holds
-    asked, confirms = [], {}
+    rerun = {1: 0.92, 3: 0.96, 2: 0.95, 0: 0.99}  # trial 1 (0.97) falls back on its extra seed; trial 3 holds
+    configs = {n: study.trials[n].user_attrs["config"] for n in rerun}
 
-    class FakeTuner:
-        def __init__(self, jobs):  # {config_key: the Optuna trial it re-runs}
-            asked.extend(json.loads(key) for key in jobs)
-            confirms.update({json.loads(key)["lr"]: number for key, number in jobs.items()})
+    def outcome(config, value, error=None):
+        return SimpleNamespace(config=config, metrics={"val_recall_at_1": value}, error=error)
 
-        def fit(self):
-            return [SimpleNamespace(config=c, metrics={"val_recall_at_1": rerun[c["lr"]]}, error=None) for c in asked]
-
-    monkeypatch.setattr(launch, "confirmation_tuner", lambda settings, recorder, jobs: FakeTuner(jobs))
-    settings = SimpleNamespace(confirm_top=3, confirm_seeds=1, mode="max", metric="val_recall_at_1", space=SimpleNamespace(is_grid=False))
-    selection = launch.confirm_best(settings, study, recorder=None, stops=StopSignals())
+    results = [outcome(configs[n], study.trials[n].value) for n in range(4)]  # the search's own trials
+    results += [outcome(confirmation_config(configs[n], 1, n), v) for n, v in rerun.items()]  # trial 0 is not in the top 3
+    results.append(outcome(confirmation_config(configs[2], 2, 2), 0.1, error=RuntimeError("lost")))  # a failed re-run counts nothing
+    settings = SimpleNamespace(confirm_top=3, rerun_seeds=1, mode="max", metric="val_recall_at_1")
+    selection = launch.selection_of(settings, study, results)
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
-    assert sorted((c["lr"], c["seed"]) for c in asked) == [(0.002, 1), (0.003, 1), (0.004, 1)]  # trials 1, 3, 2 with seed 0 + 1
-    assert confirms == {0.002: 1, 0.003: 2, 0.004: 3}  # each re-run names the trial it confirms
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.95, 0.945
-    assert selection.winner.scores == (0.96, 0.96)
-    settings.confirm_seeds = 0
-    assert launch.confirm_best(settings, study, recorder=None, stops=StopSignals()) is None
+    assert selection.winner.scores == (0.96, 0.96) and selection.ranking[2].scores == (0.97, 0.92)
+    settings.rerun_seeds = 0  # a grid, or --confirm-seeds 0
+    assert launch.selection_of(settings, study, results) is None
 
 
 def test_a_selection_record_round_trips():
