@@ -196,10 +196,11 @@ def test_serve_commands_use_this_environment_and_an_absolute_store(tmp_path, mon
 # -- end to end: study.final --study, then `mlflow models serve` -----------------------------------------------------
 
 
-def fake_study(uri: str, experiment: str, name: str) -> str:
-    """A finished study's parent run as study.final --study reads it: tags and best_config.yaml."""
+def fake_study(uri: str, experiment: str, name: str, artifacts: Path) -> str:
+    """A finished study's parent run as study.final --study reads it: tags and best_config.yaml (artifacts under
+    ``artifacts``: MLflow's default is ./mlruns in the working directory, the checkout)."""
     client = mlflow.MlflowClient(uri)
-    experiment_id = client.create_experiment(experiment)
+    experiment_id = client.create_experiment(experiment, artifact_location=artifacts.as_uri())
     run_id = client.create_run(experiment_id, run_name=name, tags={"study_name": name, "kind": "study"}).info.run_id
     client.log_dict(run_id, {**TINY, "epochs": 1}, "best_config.yaml")
     client.set_terminated(run_id)
@@ -280,7 +281,7 @@ def check_logged_model(uri: str, registered: str) -> str:
 @pytest.mark.slow
 def test_mlflow_models_serve_embeds_pngs_as_the_model_does_in_process(tmp_path, runs, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    fake_study(uri, "e", "s1")
+    fake_study(uri, "e", "s1", tmp_path / "artifacts")
     assert final.main(["--study", "s1", "--seeds", "1", "--tracking-uri", uri, "--experiment", "e"]) == 0
     out = capsys.readouterr().out
     serve_line = next(line.strip() for line in out.splitlines() if " models serve -m " in line)
