@@ -85,7 +85,7 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
         interrupted = isinstance(error, KeyboardInterrupt)
         reason = f"interrupted by {signal_name(error)}" if interrupted else first_error_line(str(error)) or type(error).__name__
         try:
-            ids = [r.info.run_id for r in child_runs(client, experiment_id, parent_id)]
+            ids = [r.info.run_id for r in training_runs(client, experiment_id, parent_id)]
             tracking.fail_orphans(client, ids, f"study stopped: {reason}")
             client.set_tag(parent_id, "failure_reason", reason)
             client.set_terminated(parent_id, status="KILLED" if interrupted else "FAILED")
@@ -96,7 +96,7 @@ def stopped_on_failure(client, experiment_id: str, parent_id: str) -> Iterator[N
 
 def reopen(client, experiment_id: str, parent_id: str) -> None:
     """A resumed study's parent run is RUNNING again; the reason it stopped moves from ``failure_reason`` to ``stopped_before``."""
-    runs = [client.get_run(parent_id), *child_runs(client, experiment_id, parent_id)]
+    runs = [client.get_run(parent_id), *training_runs(client, experiment_id, parent_id)]
     for run in runs:
         reason = run.data.tags.get("failure_reason")
         if reason and (run.info.run_id == parent_id or reason.startswith("study stopped")):
@@ -109,6 +109,11 @@ def reopen(client, experiment_id: str, parent_id: str) -> None:
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+
+
+def training_runs(client, experiment_id: str, parent_id: str) -> list:
+    """The child runs of a study that train: its trials and its confirmation re-runs (``TRIAL_KINDS``)."""
+    return [run for kind in TRIAL_KINDS for run in child_runs(client, experiment_id, parent_id, kind=kind)]
 
 
 def run_name(kind: str, trial_id: str, number: int | None) -> str:
@@ -254,7 +259,7 @@ class TrialRecorder:
         """The MLflow client; on (re)connecting, the child runs already written and their last epochs are read back."""
         if self._client is None:
             client = self.connect(self.tracking_uri)
-            runs = [run for kind in TRIAL_KINDS for run in child_runs(client, self.experiment_id, self.parent_run_id, kind=kind)]
+            runs = training_runs(client, self.experiment_id, self.parent_run_id)
             for run in runs:
                 trial_id = run.data.tags.get("trial_id")
                 if trial_id:
@@ -468,7 +473,8 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
             for key, value in tags.items():
                 if run.data.tags.get(key) != value:
                     client.set_tag(run.info.run_id, key, value)
-    orphans = [run.info.run_id for run in children.values() if run.info.status == "RUNNING"]
+    # a trial or re-run still RUNNING was orphaned by a killed driver (it started after Tune's last snapshot)
+    orphans = [run.info.run_id for run in training_runs(client, recorder.experiment_id, parent_id) if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
     best = summary["best"]
     selection = summary.get("selection")

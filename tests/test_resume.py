@@ -123,8 +123,9 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     for run in [*children, *reruns]:  # each epoch once: a killed trial or re-run continued in its own run
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
         assert steps == list(range(1, epochs + 1)), (run.info.run_name, steps)
-    # trials that had checkpointed continued from their checkpoints instead of starting over
-    assert max(first) >= 2 and sum(1 for r in children if int(r.data.tags.get("resumed_from_epoch", 0)) >= 1) >= 2
+    # the trial that had 2 epochs at the first kill continued from its checkpoint instead of starting over (the other
+    # slot's trial may not have reported yet: under load the first kill can come before its first epoch)
+    assert max(first) >= 2 and sum(1 for r in children if int(r.data.tags.get("resumed_from_epoch", 0)) >= 1) >= 1
     # the re-runs: one per top trial, the killed one continued from its checkpoint
     top = sorted(study.trials, key=lambda t: -t.value)[:2]
     assert sorted(int(r.data.tags["confirms_optuna_trial"]) for r in reruns) == sorted(t.number for t in top)
