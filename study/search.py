@@ -146,12 +146,17 @@ class OptunaSearcher(Searcher):
     # -- the searcher's own state, for a resumed study ---------------------------------
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"numbers": self.numbers, "live": self._live}, f)
+            pickle.dump(self.saved_state(), f)
 
     def restore(self, checkpoint_path: str) -> None:
-        """Back to the saved trials; what happened since (a trial told, a step reported) is read from the storage."""
         with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
+            self.restore_state(pickle.load(f))
+
+    def saved_state(self) -> dict[str, Any]:
+        return {"numbers": self.numbers, "live": self._live}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Back to the saved trials; what happened since (a trial told, a step reported) is read from the storage."""
         self.numbers = state["numbers"]
         stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
         self._live = {tid: trial for tid, trial in state["live"].items() if not stored[trial.number].state.is_finished()}
@@ -186,11 +191,9 @@ class ConfirmingSearcher(OptunaSearcher):
                     return confirmation_config(config, seed, number)
         return Searcher.FINISHED if unfinished == 0 else None  # else wait: a trial that ends may settle another
 
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump({"numbers": self.numbers, "live": self._live, "reruns": self.reruns}, f)
+    def saved_state(self) -> dict[str, Any]:
+        return {**super().saved_state(), "reruns": self.reruns}
 
-    def restore(self, checkpoint_path: str) -> None:
-        super().restore(checkpoint_path)
-        with open(checkpoint_path, "rb") as f:
-            self.reruns = pickle.load(f).get("reruns", {})
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self.reruns = state.get("reruns", {})
