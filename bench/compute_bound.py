@@ -64,7 +64,7 @@ def hbn_config(epochs: int) -> TrainConfig:
 
 def real_batches(run: engine.Run, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` training batches (images (B, 1, S, S), label indices (B,)) as the engine's loader yields them."""
-    from trainables.core.data import TorchImages, train_transform
+    from trainables.core.transforms import TorchImages, train_transform
 
     index = {c: i for i, c in enumerate(run.classes)}
     dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size), index)

@@ -46,8 +46,9 @@ import study
 import trainables
 from trainables.core.checkpoint import CheckpointError, load_bundle, save_bundle
 from trainables.core.config import TrainConfig
-from trainables.core.data import ImageSet, as_uint8_images, preprocess_batch
+from trainables.core.data import ImageSet, as_uint8_images
 from trainables.core.engine import Run, build_model
+from trainables.core.transforms import preprocess_batch
 
 INPUT_NAME = "images"
 # What the model imports; pinned to the installed versions when it is logged.

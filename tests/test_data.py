@@ -25,17 +25,13 @@ from trainables.core.data import (
     DatasetError,
     DatasetSplits,
     ImageSet,
-    TorchImages,
-    eval_transform,
     load_dataset,
-    preprocess_batch,
     split_alphabets,
     split_classes,
     synthetic_glyphs,
-    to_tensor,
-    train_transform,
     validation_split,
 )
+from trainables.core.transforms import TorchImages, eval_transform, preprocess_batch, to_tensor, train_transform
 
 # -- helpers ---------------------------------------------------------------------------------
 

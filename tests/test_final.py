@@ -59,6 +59,17 @@ def test_core_imports_no_ray_optuna_mlflow():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_drivers_import_no_torch():
+    """study.launch, study.report and study.sync start without torch, torchvision, faiss or scikit-learn (6 of a
+    driver's 8 s of imports): they read and check datasets, rungs and records; the trials import the engine."""
+    code = (
+        "import sys, study.launch, study.report, study.sync, study.schedulers, trainables.core.data, trainables.core.budgets; "
+        "print([m for m in ('torch', 'torchvision', 'faiss', 'sklearn') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.slow
 def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys):
     config = write_config(tmp_path / "tiny.yaml")

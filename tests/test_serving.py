@@ -28,8 +28,9 @@ from tests.conftest import omniglot_root
 from tests.test_final import TINY
 from trainables.core.checkpoint import save_bundle
 from trainables.core.config import TrainConfig
-from trainables.core.data import IMAGE_INPUT_RULES, as_uint8_images, preprocess_batch, synthetic_glyphs
+from trainables.core.data import IMAGE_INPUT_RULES, as_uint8_images, synthetic_glyphs
 from trainables.core.engine import build_model
+from trainables.core.transforms import preprocess_batch
 
 # -- input rules: as_uint8_images ------------------------------------------------------------------------------------
 

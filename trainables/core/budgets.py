@@ -26,11 +26,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import schedule
 from .config import TrainConfig
-from .engine import Run, fit
+
+if TYPE_CHECKING:  # the engine (torch, faiss, scikit-learn) is imported where a ladder trains, not by a driver reading rungs
+    from .engine import Run
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def fit_budgets(
     caller stops the ladder by raising from ``on_epoch`` or by returning from the
     trainable; a budget that finishes is followed by the next one.
     """
+    from .engine import fit
+
     budgets = check_budgets(budgets)
     state = state or LadderState(budget=budgets[0])
     run = None

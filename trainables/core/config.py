@@ -73,7 +73,7 @@ class TrainConfig:
     # data
     dataset: str = "omniglot"
     image_size: int = 0  # 0: the dataset's default (32 for characters, 224 for photos)
-    # strength of the training images' random augmentation (data.train_transform): 1 is the standard
+    # strength of the training images' random augmentation (transforms.train_transform): 1 is the standard
     # jitter, 0 none, 2 twice the ranges; evaluation images are never augmented
     augment: float = 1.0
     val_fraction: float = 0.2

@@ -32,23 +32,13 @@ from torch import nn
 from . import schedule
 from .checkpoint import rng_state, set_rng_state
 from .config import ConfigError, TrainConfig
-from .data import (
-    DatasetSplits,
-    ImageSet,
-    TorchImages,
-    alphabets,
-    dataset_label,
-    eval_transform,
-    image_size_for,
-    load_dataset,
-    train_transform,
-    validation_split,
-)
+from .data import DatasetSplits, ImageSet, alphabets, dataset_label, image_size_for, load_dataset, validation_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings, one_shot_error
 from .models import EmbeddingNet
 from .optimizers import build_optimizer
 from .sampler import ClassBatchSampler
+from .transforms import TorchImages, eval_transform, train_transform
 
 log = logging.getLogger(__name__)
 ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
