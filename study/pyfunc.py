@@ -52,7 +52,7 @@ from trainables.core.transforms import preprocess_batch
 
 INPUT_NAME = "images"
 # What the model imports; pinned to the installed versions when it is logged.
-REQUIREMENTS = ("torch", "torchvision", "numpy", "pillow", "faiss-cpu", "scikit-learn", "pyyaml", "mlflow")
+REQUIREMENTS = ("torch", "torchvision", "numpy", "pillow", "faiss-cpu", "pyyaml", "mlflow")
 EXAMPLE_SIZE = 28  # side of the input example's images: real test images, small enough to read in MLmodel's folder
 
 

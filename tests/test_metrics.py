@@ -15,7 +15,7 @@ import pytest
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from trainables.core.metrics import _kmeans_plus_plus, evaluate_embeddings, knn, nmi, retrieval_metrics
+from trainables.core.metrics import _kmeans_plus_plus, evaluate_embeddings, knn, nmi, normalized_mutual_info, retrieval_metrics
 
 KS = (1, 2, 4, 8)
 
@@ -290,6 +290,35 @@ def test_nmi_equals_sklearn_on_a_permuted_perfect_clustering():
     x, y = separated(4, 10, 8, seed=12)
     y = np.array([7, 3, 11, 5])[y]
     assert nmi(x, y, n_runs=1) == pytest.approx(normalized_mutual_info_score(y, y), abs=1e-12)
+
+
+def test_normalized_mutual_info_by_hand():
+    # labels (0 0 1 1), clusters (0 0 0 1): the table [[2, 0], [1, 1]] / 4, row sums (1/2, 1/2), column sums (3/4, 1/4)
+    mi = 0.5 * math.log(0.5 / (0.5 * 0.75)) + 0.25 * math.log(0.25 / (0.5 * 0.75)) + 0.25 * math.log(0.25 / (0.5 * 0.25))
+    h_labels = math.log(2)
+    h_clusters = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    expected = mi / ((h_labels + h_clusters) / 2)
+    assert normalized_mutual_info(np.array([0, 0, 1, 1]), np.array([0, 0, 0, 1])) == pytest.approx(expected, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_normalized_mutual_info_equals_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    n, k = [(10, 2), (50, 5), (200, 20), (500, 40), (7, 7), (300, 3)][seed]
+    y = rng.integers(0, k, size=n) * 3 - 5  # ids neither from 0 nor consecutive
+    clusters = np.where(rng.random(n) < 0.6, y, rng.integers(0, k, size=n))  # related to y, but not equal
+    assert normalized_mutual_info(y, clusters) == pytest.approx(normalized_mutual_info_score(y, clusters), abs=1e-12)
+    shuffled = rng.permutation(y)  # independent of y but for chance
+    assert normalized_mutual_info(y, shuffled) == pytest.approx(normalized_mutual_info_score(y, shuffled), abs=1e-12)
+
+
+def test_normalized_mutual_info_limits_match_sklearn():
+    one, two = np.zeros(6, int), np.array([0, 1, 0, 1, 0, 1])
+    cases = [(one, one + 4), (one, two), (two, one), (two, 1 - two), (np.arange(6), np.arange(6)[::-1])]
+    cases.append((two, np.array([0, 0, 1, 1, 2, 2])))
+    for labels, clusters in cases:
+        assert normalized_mutual_info(labels, clusters) == pytest.approx(normalized_mutual_info_score(labels, clusters), abs=1e-12)
+    assert normalized_mutual_info(one, one) == 1.0 and normalized_mutual_info(one, two) == 0.0
 
 
 def rows_of(x: np.ndarray, centroids: np.ndarray) -> list[int]:

@@ -1,4 +1,4 @@
-"""The training core: pure PyTorch (+ faiss, numpy, scikit-learn). Never imports ray, optuna or mlflow."""
+"""The training core: pure PyTorch (+ faiss, numpy). Never imports ray, optuna or mlflow."""
 
 from .config import ConfigError, TrainConfig
 

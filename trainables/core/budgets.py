@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from . import schedule
 from .config import TrainConfig
 
-if TYPE_CHECKING:  # the engine (torch, faiss, scikit-learn) is imported where a ladder trains, not by a driver reading rungs
+if TYPE_CHECKING:  # the engine (torch, torchvision, faiss) is imported where a ladder trains, not by a driver reading rungs
     from .engine import Run
 
 
