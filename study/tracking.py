@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -181,18 +182,25 @@ def git_commit() -> str:
         return "unknown"
 
 
-def reproducibility_tags() -> dict[str, str]:
-    """What makes a run reproducible besides its config: code version and library versions."""
-    import faiss
-    import torch
-    import torchvision
+def installed_version(*distributions: str) -> str:
+    """The version of the first of ``distributions`` that is installed (pip's view), without importing it."""
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
+
+def reproducibility_tags() -> dict[str, str]:
+    """What makes a run reproducible besides its config: code version and library versions (as installed: a driver
+    that tags its runs need not import torch)."""
     return {
         "git_commit": git_commit(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "faiss": getattr(faiss, "__version__", "unknown"),
+        "torch": installed_version("torch"),
+        "torchvision": installed_version("torchvision"),
+        "faiss": installed_version("faiss-cpu", "faiss-gpu", "faiss"),
         "mlflow": mlflow.__version__,
         "host": platform.node(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],

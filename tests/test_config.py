@@ -1,7 +1,8 @@
 """Tests of TrainConfig validation: each error checked by the key it must name.
 
-Allowed values of choice keys come from the registries; their own tests are beside each
-registry (test_losses, test_models, test_optimizers, test_data).
+Allowed values of choice keys are config's names of what each registry builds (checked against
+the registries here); the registries' own tests are beside each (test_losses, test_models,
+test_optimizers, test_data).
 """
 
 from __future__ import annotations
@@ -10,7 +11,26 @@ import dataclasses
 
 import pytest
 
+from trainables.core import config
 from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.losses import LOSSES
+from trainables.core.models import BACKBONES, NORMALIZATIONS
+from trainables.core.optimizers import OPTIMIZERS
+
+
+@pytest.mark.parametrize(
+    ("key", "registry", "choices"),
+    [
+        ("loss", LOSSES, config.LOSS_CHOICES),
+        ("normalization", NORMALIZATIONS, config.NORMALIZATION_CHOICES),
+        ("optimizer", OPTIMIZERS, config.OPTIMIZER_CHOICES),
+        ("backbone", BACKBONES, config.BACKBONE_CHOICES),
+    ],
+)
+def test_each_name_config_allows_is_built_by_its_registry_and_nothing_else(key, registry, choices):
+    assert tuple(registry) == choices
+    with pytest.raises(ConfigError, match=f"{key}='nope' is not allowed; expected one of {', '.join(choices)}"):
+        TrainConfig.from_dict({key: "nope"})
 
 
 def test_defaults_are_valid():

@@ -70,6 +70,25 @@ def test_the_drivers_import_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
+    """What a driver does before and beside its trials, checking every shipped space's configs (TrainConfig) and
+    tagging its runs with the library versions, loads no torch, torchvision or faiss (2 to 3 s of every driver's CPU)."""
+    code = (
+        "import json, sys; from study import spaces, tracking; "
+        "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; tags = tracking.reproducibility_tags(); "
+        "print(json.dumps([[m for m in ('torch', 'torchvision', 'faiss') if m in sys.modules], tags]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
+    modules, tags = json.loads(out.stdout)
+    assert modules == []
+    import faiss
+    import torchvision
+
+    versions = (torch.__version__, torchvision.__version__, faiss.__version__)  # pip's version may leave out "+cu130"
+    tagged = (tags["torch"], tags["torchvision"], tags["faiss"])
+    assert [tag.split("+")[0] for tag in tagged] == [v.split("+")[0] for v in versions]
+
+
 def test_a_trial_worker_imports_no_scikit_learn():
     """The trainable (what every new trial worker imports before its first epoch) leaves scikit-learn and scipy out:
     they took 1.1 to 1.9 s of a worker's start for one NMI per evaluation, which metrics computes itself."""

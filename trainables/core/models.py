@@ -1,7 +1,7 @@
 """Backbones, the embedding head and feature normalization.
 
 ``EmbeddingNet`` = backbone -> embedding reduction -> feature normalization.
-The reduction (config ``embedding_reduction``, :data:`REDUCTIONS`) is one of the
+The reduction (config ``embedding_reduction``, :data:`config.REDUCTION_CHOICES`) is one of the
 three of 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3: ``fc`` (FCR1, Fig. 3b: a
 trained linear layer), ``fc_dropout`` (FCR2, Fig. 3c: the linear layer followed
 by dropout) or ``pca`` (Fig. 3a: the network trains on the pool features, and
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
+from .config import REDUCTION_CHOICES, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,6 @@ class PCAReduction(nn.Module):
             return (x.float() - self.mean.float()) @ self.components.float().T
 
 
-# config.embedding_reduction values: 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3
-REDUCTIONS = ("fc", "fc_dropout", "pca")
-
-
 class EmbeddingNet(nn.Module):
     """images (B, C, S, S) -> features (B, embedding_dim), normalized as configured.
 
@@ -248,8 +244,8 @@ class EmbeddingNet(nn.Module):
         reduction: str = "fc",
     ) -> None:
         super().__init__()
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction={reduction!r}; expected one of {', '.join(REDUCTIONS)}")
+        if reduction not in REDUCTION_CHOICES:
+            raise ValueError(f"reduction={reduction!r}; expected one of {', '.join(REDUCTION_CHOICES)}")
         self.backbone = Backbone(backbone, in_channels, image_size, pretrained)
         self.reduction = reduction
         self.pca: PCAReduction | None = None
