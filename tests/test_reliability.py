@@ -245,6 +245,16 @@ def mlflow_server(folder: Path, port: int):
         stop()
 
 
+def outage_seen(spool: Path, records: int) -> bool:
+    """The driver's spool events say MLflow is unreachable, and at least ``records`` records wait in the spool."""
+    events = spool.with_name(spool.name + ".events")
+    try:
+        unreachable = events.is_file() and '"unreachable"' in events.read_text()
+        return unreachable and spool.is_file() and len(spool.read_text().splitlines()) >= records
+    except OSError:  # the spool is being replaced (os.replace) or removed as the records are written
+        return False
+
+
 @pytest.mark.slow
 def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys):
     port = free_port()
@@ -265,7 +275,12 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
                 time.sleep(1)
             stop()
             outcome["stopped"] = time.time()
-            time.sleep(25)
+            # the outage lasts until the driver has found the server gone and keeps records of this study's trials in
+            # its spool (an event, not a fixed time: on a slow machine a fixed outage can end before anything is kept)
+            deadline = time.time() + 240
+            while time.time() < deadline and not outage_seen(runs / "spool" / "outage.jsonl", 2):
+                time.sleep(0.5)
+            outcome["kept"] = outage_seen(runs / "spool" / "outage.jsonl", 2)
             start()
             outcome["restarted"] = time.time()
 
@@ -292,6 +307,7 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
         thread.join(timeout=300)
         out = capsys.readouterr().out
         assert "stopped" in outcome and "restarted" in outcome
+        assert outcome["kept"]  # the server came back only after the driver had kept records of the outage
         assert code == 0
         assert "MLflow was unreachable" in out  # the end summary says what happened
         if "could not be written at the end" in out:  # the study ended before the server came back
