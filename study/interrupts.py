@@ -56,6 +56,21 @@ def exit_code(error: KeyboardInterrupt) -> int:
     return error.exit_code if isinstance(error, StudyInterrupted) else 128 + signal.SIGINT
 
 
+@contextlib.contextmanager
+def env_set(key: str, value: str) -> Iterator[None]:
+    """The environment variable ``key`` is ``value`` for the block, then as it was (Ray Tune reads its flags there
+    when ``fit()`` starts)."""
+    before = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 class StopSignals:
     """SIGINT, SIGTERM and SIGHUP handlers for the length of a study (main thread only).
 
@@ -80,18 +95,13 @@ class StopSignals:
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignals]:
         """The handlers, installed for the body and restored after it; Ray Tune's own SIGINT handler is off meanwhile."""
-        tune_flag = os.environ.get(TUNE_FLAG)
-        os.environ[TUNE_FLAG] = "1"
-        previous = {s: signal.signal(s, self.handle) for s in HANDLED}
-        try:
-            yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            if tune_flag is None:
-                os.environ.pop(TUNE_FLAG, None)
-            else:
-                os.environ[TUNE_FLAG] = tune_flag
+        with env_set(TUNE_FLAG, "1"):
+            previous = {s: signal.signal(s, self.handle) for s in HANDLED}
+            try:
+                yield self
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
 
     @contextlib.contextmanager
     def at(self, moment: str) -> Iterator[None]:

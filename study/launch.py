@@ -36,7 +36,7 @@ import mlflow
 import optuna
 
 from study import checks, console, interrupts, locks, records, tracking
-from study.interrupts import StopSignals
+from study.interrupts import StopSignals, env_set
 from study.journal import journal_file
 from study.outcome import is_finite_number
 from study.schedulers import SCHEDULERS, describe
@@ -469,6 +469,10 @@ def check_storage(path: str) -> str:
 # ----------------------------------------------------------------------------- the study
 # a local Ray listens on the loopback only (Ray reads this when it is imported), and runs trials at normal
 # priority (Ray's default niceness of 15 starves them beside any other work on the machine)
+# Ray Tune adds CSV, JSON and TensorBoard loggers to every fit() unless this is "1": a study passes the CSV and JSON
+# loggers itself and leaves TensorBoard out. MLflow holds every metric, and tensorboardX imports torch into the driver
+# just as the trials' workers start (1 to 2 s of CPU they wait for on a small machine) and writes each result again.
+AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
 
 
@@ -554,6 +558,7 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
     """A Tuner of the study: the Optuna searcher and then the confirmation re-runs (at most --max-concurrent trials at
     once), the scheduler, MLflow and progress callbacks."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.search import ConcurrencyLimiter
 
     from study.callbacks import MlflowTrials, Progress
@@ -579,7 +584,12 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
             name=s.name,
             storage_path=s.storage_path,
             verbose=0,
-            callbacks=[MlflowTrials(recorder, s.metric, s.max_epochs), Progress(s.metric, s.mode, s.max_epochs, s.num_samples, s.reruns)],
+            callbacks=[
+                MlflowTrials(recorder, s.metric, s.max_epochs),
+                Progress(s.metric, s.mode, s.max_epochs, s.num_samples, s.reruns),
+                CSVLoggerCallback(),
+                JsonLoggerCallback(),
+            ],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
         ),
@@ -654,7 +664,7 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                 recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
                 tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
                 print_header(s)
-                with stops.graceful():
+                with stops.graceful(), env_set(AUTO_LOGGERS_FLAG, "1"):
                     results = tuner.fit()
                 selection = selection_of(s, study, results)
                 with stops.deferred():

@@ -316,3 +316,12 @@ def test_trials_reuse_the_worker_processes_of_finished_ones(budget_study):
     assert len(set().union(*pids.values())) < len(pids)
     search_pids = set().union(*(pids[name] for name in pids if name not in reruns))
     assert sum(not pids[name] <= search_pids for name in reruns) <= 1
+
+
+def test_trial_folders_hold_tunes_json_and_csv_results_and_no_tensorboard_files(budget_study):
+    """Ray Tune's result.json and progress.csv stay in every trial's folder; TensorBoard event files are not written (MLflow
+    holds every metric), so the driver loads neither tensorboardX nor, through it, torch while its trials start."""
+    trial_dirs = [d for d in (budget_study["runs"] / "ray" / "budgets").iterdir() if d.is_dir() and d.name.startswith("train_trial")]
+    assert len(trial_dirs) == 7
+    assert all((d / "result.json").is_file() and (d / "progress.csv").is_file() for d in trial_dirs)
+    assert not list((budget_study["runs"] / "ray").rglob("events.out.tfevents*"))
