@@ -467,12 +467,12 @@ def check_storage(path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the study
-# a local Ray listens on the loopback only (Ray reads this when it is imported), and runs trials at normal
-# priority (Ray's default niceness of 15 starves them beside any other work on the machine)
 # Ray Tune adds CSV, JSON and TensorBoard loggers to every fit() unless this is "1": a study passes the CSV and JSON
 # loggers itself and leaves TensorBoard out. MLflow holds every metric, and tensorboardX imports torch into the driver
-# just as the trials' workers start (1 to 2 s of CPU they wait for on a small machine) and writes each result again.
+# just as the trials' workers start (about 1 s of CPU they wait for on a small machine) and writes each result again.
 AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+# a local Ray listens on the loopback only (Ray reads this when it is imported), and runs trials at normal
+# priority (Ray's default niceness of 15 starves them beside any other work on the machine)
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
 
 
