@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,24 @@ def omniglot_root() -> Path | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An MLflow sqlite store as MLflow creates it, before any experiment: made once per test process (its schema
+    migrations take about 2 CPU-s, which every test's new store would pay again)."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def runs(tmp_path, monkeypatch) -> Path:
-    """A fresh runs folder (MLflow store, Optuna journal, Ray storage) for one test."""
+def runs(tmp_path, monkeypatch, store_template) -> Path:
+    """A fresh runs folder (MLflow store, Optuna journal, Ray storage) for one test. Its MLflow store exists, empty, as
+    a user's store does after its first study (tests/test_locks.py sets up new stores)."""
     folder = tmp_path / "runs"
+    folder.mkdir()
+    shutil.copyfile(store_template, folder / "mlflow.db")
     monkeypatch.setenv("DML_RUNS_DIR", str(folder))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return folder

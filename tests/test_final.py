@@ -100,7 +100,7 @@ def test_a_trial_worker_imports_no_scikit_learn():
 @pytest.mark.slow
 def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys):
     config = write_config(tmp_path / "tiny.yaml")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     assert final.main(["--config", str(config), "--seeds", "2", "--tracking-uri", uri, "--experiment", "e"]) == 0
     out = capsys.readouterr().out
     assert f"mlflow ui --backend-store-uri {uri}" in out
@@ -198,7 +198,7 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize("changes, key", BAD_CONFIGS)
 def test_bad_config_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys, changes, key):
     config = write_config(tmp_path / "bad.yaml", **changes)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     code, err = run_main(["--config", str(config), "--tracking-uri", uri], capsys)
     assert code == 2
     assert len(err.splitlines()) == 1 and key in err and str(config) in err
@@ -207,7 +207,7 @@ def test_bad_config_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys, change
 
 def test_missing_data_root_and_malformed_folders(tmp_path, runs, capsys, monkeypatch):
     monkeypatch.delenv("DML_DATA_ROOT", raising=False)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     config = write_config(tmp_path / "omni.yaml", dataset="omniglot")
     code, err = run_main(["--config", str(config), "--tracking-uri", uri], capsys)
     assert code == 2 and "--data-root" in err
@@ -236,7 +236,7 @@ def make_folder_dataset(root, corrupt: bool):
 
 def test_unreadable_image_mid_training_fails_cleanly(tmp_path, runs, capsys):
     make_folder_dataset(tmp_path / "data", corrupt=True)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     config = write_config(tmp_path / "folder.yaml", dataset="folder", image_size=32, classes_per_batch=4, samples_per_class=3, epochs=1)
     code, err = run_main(["--config", str(config), "--tracking-uri", uri, "--data-root", str(tmp_path / "data"), "--seeds", "1"], capsys)
     assert code == 2
@@ -250,7 +250,7 @@ def test_weights_file_that_does_not_fit_the_backbone(tmp_path, runs, capsys):
 
     weights = tmp_path / "cnn.pt"
     torch.save(SmallCNN(1, image_size=32).state_dict(), weights)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     make_folder_dataset(tmp_path / "data", corrupt=False)
     config = write_config(
         tmp_path / "r18.yaml", dataset="folder", backbone="resnet18", pretrained=str(weights), image_size=32, classes_per_batch=4
@@ -317,7 +317,7 @@ def test_batch_check_names_the_configuration_without_building_a_model(tmp_path, 
 
 
 def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--device", "gpu7"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "--device gpu7" in err
     assert all_runs(uri)[1] == []
@@ -326,7 +326,7 @@ def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
 def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
     from study import tracking
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     old = client.create_experiment("made-before-the-tag")
     for name in ("fresh", "made-before-the-tag", "fresh"):

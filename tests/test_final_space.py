@@ -53,7 +53,7 @@ def test_space_configs_of_a_variants_space_are_named_by_variant():
 
 @pytest.mark.parametrize("space", [str(ROOT / "search_spaces" / "smoke.yaml"), "smoke", "no_such_space_file.yaml"])
 def test_final_space_bad_input_exits_2_without_a_run(tmp_path, runs, capsys, space):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     code = final.main(["--space", space, "--seeds", "1", "--epochs", "1", "--tracking-uri", uri])
     err = capsys.readouterr().err.strip()
     assert code == 2

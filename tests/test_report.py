@@ -170,7 +170,7 @@ def test_paper_table_single_column_and_missing_metric():
 
 @pytest.mark.parametrize("name", ["nope", "it's", "a' or tags.kind = 'study"])
 def test_report_unknown_or_malformed_study_exits_2(tmp_path, runs, capsys, name):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     code = report.main(["--study", name, "--tracking-uri", uri, "--out", str(tmp_path / "out")])
     captured = capsys.readouterr()
     err = captured.err.strip()
@@ -264,7 +264,7 @@ TINY_SPACE = {
 def test_final_space_then_report(tmp_path, runs, capsys):
     path = tmp_path / "tiny_grid.yaml"
     path.write_text(yaml.safe_dump(TINY_SPACE, sort_keys=False))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
     assert final.main(["--space", str(path), "--seeds", "2", "--epochs", "1", "--tracking-uri", uri, "--experiment", "grid"]) == 0
     capsys.readouterr()
 
