@@ -59,27 +59,29 @@ def test_core_imports_no_ray_optuna_mlflow():
     assert out.stdout.strip() == "[]"
 
 
+def loaded_after(code: str, modules: tuple[str, ...]) -> tuple[list[str], object]:
+    """Run ``code`` in a fresh interpreter: which of ``modules`` it loaded, and the JSON value of its ``result`` (or None)."""
+    script = f"import json, sys\n{code}\nprint(json.dumps([[m for m in {modules!r} if m in sys.modules], globals().get('result')]))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
+    loaded, result = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded, result
+
+
 def test_the_drivers_import_no_torch():
     """study.launch, study.report and study.sync start without torch, torchvision, faiss or scikit-learn (6 of a
     driver's 8 s of imports): they read and check datasets, rungs and records; the trials import the engine."""
-    code = (
-        "import sys, study.launch, study.report, study.sync, study.schedulers, trainables.core.data, trainables.core.budgets; "
-        "print([m for m in ('torch', 'torchvision', 'faiss', 'sklearn') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
-    assert out.stdout.strip() == "[]"
+    code = "import study.launch, study.report, study.sync, study.schedulers, trainables.core.data, trainables.core.budgets"
+    assert loaded_after(code, ("torch", "torchvision", "faiss", "sklearn"))[0] == []
 
 
 def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
     """What a driver does before and beside its trials, checking every shipped space's configs (TrainConfig) and
     tagging its runs with the library versions, loads no torch, torchvision or faiss (2 to 3 s of every driver's CPU)."""
     code = (
-        "import json, sys; from study import spaces, tracking; "
-        "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; tags = tracking.reproducibility_tags(); "
-        "print(json.dumps([[m for m in ('torch', 'torchvision', 'faiss') if m in sys.modules], tags]))"
+        "from study import spaces, tracking; "
+        "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; result = tracking.reproducibility_tags()"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
-    modules, tags = json.loads(out.stdout)
+    modules, tags = loaded_after(code, ("torch", "torchvision", "faiss"))
     assert modules == []
     import faiss
     import torchvision
@@ -92,9 +94,7 @@ def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
 def test_a_trial_worker_imports_no_scikit_learn():
     """The trainable (what every new trial worker imports before its first epoch) leaves scikit-learn and scipy out:
     they took 1.1 to 1.9 s of a worker's start for one NMI per evaluation, which metrics computes itself."""
-    code = "import sys, trainables.dml; print([m for m in ('sklearn', 'scipy') if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
-    assert out.stdout.strip() == "[]"
+    assert loaded_after("import trainables.dml", ("sklearn", "scipy"))[0] == []
 
 
 @pytest.mark.slow
