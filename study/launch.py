@@ -471,9 +471,11 @@ def check_storage(path: str) -> str:
 # loggers itself and leaves TensorBoard out. MLflow holds every metric, and tensorboardX imports torch into the driver
 # just as the trials' workers start (about 1 s of CPU they wait for on a small machine) and writes each result again.
 AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
-# a local Ray listens on the loopback only (Ray reads this when it is imported), and runs trials at normal
-# priority (Ray's default niceness of 15 starves them beside any other work on the machine)
-LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
+# a local Ray listens on the loopback only (Ray reads this when it is imported), runs trials at normal priority (Ray's
+# default niceness of 15 starves them beside any other work on the machine), and starts no idle workers ahead of need:
+# by default it prestarts one per CPU as the driver connects, each importing Ray (about 0.7 CPU-s) beside the driver's
+# own start-up, and Tune's trial actors never use them (each starts a worker of its own)
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0", "RAY_prestart_worker_first_driver": "0"}
 
 
 def local_ray_env(address: str | None) -> None:

@@ -1,4 +1,5 @@
-"""The local Ray of a single-machine study: loopback only, trials at normal priority, and no Ray imported before it starts."""
+"""The local Ray of a single-machine study: loopback only, trials at normal priority, no idle workers started ahead, and no Ray
+imported before it starts."""
 
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ PROBE = textwrap.dedent(
                     found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
         return found
 
+    def command_line(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # ended since the tree was read
+            return ""
+
+    def is_worker(line):  # a starting worker runs default_worker.py, a started one names itself ray::IDLE, ray::<task>, ...
+        argv = line.split(chr(0))
+        return (len(argv) > 1 and argv[1].endswith("default_worker.py")) or (argv[0].startswith("ray::") and "Agent" not in argv[0])
+
     with launch.ray_session(None):
         import ray
 
@@ -66,8 +77,10 @@ PROBE = textwrap.dedent(
             return os.nice(0)
 
         nice = ray.get(niceness.remote())
-        addresses = listening(socket_inodes(tree(os.getpid())))
-    print(json.dumps({"listening": sorted(addresses), "worker_niceness": nice, "driver_niceness": os.nice(0)}))
+        pids = tree(os.getpid())
+        addresses = listening(socket_inodes(pids))
+        workers = [pid for pid in pids if is_worker(command_line(pid))]
+    print(json.dumps({"listening": sorted(addresses), "worker_niceness": nice, "driver_niceness": os.nice(0), "workers": len(workers)}))
     """
 )
 
@@ -80,3 +93,7 @@ def test_local_ray_listens_on_loopback_only_and_runs_workers_at_normal_priority(
     assert found["listening"], "no listening socket of the local Ray was found"
     assert all(ipaddress.ip_address(a).is_loopback for a in found["listening"]), found["listening"]
     assert found["worker_niceness"] == found["driver_niceness"]  # Ray's default adds 15
+    # no idle workers started ahead: Ray's default prestarts one per CPU as the driver connects (3 worker processes here
+    # on 2 CPUs after the one task), and Tune's trial actors never use them (each starts a worker of its own); without
+    # them Ray starts the task's worker and one more beside it
+    assert found["workers"] <= 2
