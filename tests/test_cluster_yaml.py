@@ -170,6 +170,11 @@ def test_mlflow_server_is_bound_to_localhost(config, prepared):
     assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in " ".join(config["head_setup_commands"])
 
 
+def test_mlflow_server_starts_no_job_runner(config):
+    cmd = shlex.split(command_with(config["head_start_ray_commands"], "mlflow server"))
+    assert cmd[cmd.index("mlflow") - 2 : cmd.index("mlflow")] == ["env", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"]
+
+
 def test_dashboard_is_bound_to_localhost(config):
     cmd = command_with(config["head_start_ray_commands"], "ray start --head")
     assert "--dashboard-host=127.0.0.1" in cmd

@@ -218,7 +218,9 @@ def mlflow_server(folder: Path, port: int):
     procs = []
 
     def start():
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        # No job runner: its seven huey consumers cost about 24 CPU-s at each start (cluster.yaml does the same).
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         procs.append(proc)
         deadline = time.time() + 90
         while time.time() < deadline:
