@@ -78,8 +78,11 @@ def describe_rule(kind: str, rungs: Sequence[int], stratify_by: str | None = Non
     """One phrase for the scheduler ``kind`` judging at ``rungs`` (within each ``stratify_by``): the header and the report."""
     if kind == "fifo":
         return "no early stopping"
+    name = "budget-aware successive halving" if kind == "budget" else "stock ASHA"
+    if not rungs:  # the grace period reaches the epochs
+        return f"{name} with no rung before the last epoch: every trial trains its full schedule"
     at = ", ".join(str(r) for r in rungs)
     if kind == "budget":
         within = f", within each {stratify_by}" if stratify_by else ""
-        return f"budget-aware successive halving at budgets {at} (each a finished schedule{within})"
-    return f"stock ASHA at epochs {at} of the full schedule"
+        return f"{name} at budgets {at} (each a finished schedule{within})"
+    return f"{name} at epochs {at} of the full schedule"

@@ -309,6 +309,25 @@ def test_nothing_is_re_run_without_seeds_or_with_one_complete_trial(seeds, value
     assert searcher.suggest("c") == Searcher.FINISHED
 
 
+@pytest.mark.parametrize(
+    ("kind", "epochs", "grace", "phrase"),
+    [
+        ("budget", 16, 4, "budget-aware successive halving at budgets 4 (each a finished schedule, within each loss)"),
+        ("asha", 16, 2, "stock ASHA at epochs 2, 8 of the full schedule"),
+        ("budget", 4, 4, "budget-aware successive halving with no rung before the last epoch: every trial trains its full schedule"),
+        ("asha", 8, 8, "stock ASHA with no rung before the last epoch: every trial trains its full schedule"),
+        ("fifo", 8, 1, "no early stopping"),
+    ],
+)
+def test_the_header_names_the_rungs_or_says_there_are_none(kind, epochs, grace, phrase):
+    """Rungs by hand: eta 4 from grace 4 of 16 epochs is 4 (then 16); from grace 2, 2 and 8. A grace period of all
+    the epochs leaves no rung: the header once said "at budgets  (each ...)"."""
+    from study.schedulers import describe, make_early_stopping
+
+    stopping = make_early_stopping(kind, epochs, grace, 4, "loss" if kind == "budget" else None)
+    assert describe(stopping) == phrase
+
+
 @pytest.mark.parametrize("kind", ["budget", "asha"])
 def test_the_halving_schedulers_never_judge_a_re_run_nor_rank_others_against_it(kind):
     """Rung 1 of 4 epochs, eta 2: the cutoff is the median of the rung's recorded values. a (0.9) passes first; the
