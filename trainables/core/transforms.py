@@ -16,6 +16,8 @@ from .data import IMAGENET_MEAN, IMAGENET_STD, ImageSet
 
 
 def normalization_stats(kind: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel that images of ``kind`` are normalized with: 0.5 for the one channel of characters
+    (ink in [0, 1] to [-1, 1]), ImageNet's for photos (the pretrained backbones' inputs)."""
     return ((0.5,), (0.5,)) if kind == "characters" else (IMAGENET_MEAN, IMAGENET_STD)
 
 
