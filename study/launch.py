@@ -474,7 +474,8 @@ AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 # a local Ray listens on the loopback only (Ray reads this when it is imported), runs trials at normal priority (Ray's
 # default niceness of 15 starves them beside any other work on the machine), and starts no idle workers ahead of need:
 # by default it prestarts one per CPU as the driver connects, each importing Ray (about 0.7 CPU-s) beside the driver's
-# own start-up, and Tune's trial actors never use them (each starts a worker of its own)
+# own start-up, and Tune's trial actors never use them (each starts a worker of its own). These are Ray's system settings
+# (RAY_ + the setting's name): Ray ignores a name it no longer knows, so tests/test_local_ray.py checks each one's effect
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0", "RAY_prestart_worker_first_driver": "0"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -85,15 +86,20 @@ PROBE = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_local_ray_listens_on_loopback_only_and_runs_workers_at_normal_priority():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def probe(**env: str) -> dict:
+    """What PROBE finds about a fresh local Ray started as study.launch starts it, with ``env`` added."""
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-3000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_local_ray_listens_on_loopback_only_runs_workers_at_normal_priority_and_prestarts_none():
+    found = probe()
     assert found["listening"], "no listening socket of the local Ray was found"
     assert all(ipaddress.ip_address(a).is_loopback for a in found["listening"]), found["listening"]
     assert found["worker_niceness"] == found["driver_niceness"]  # Ray's default adds 15
-    # no idle workers started ahead: Ray's default prestarts one per CPU as the driver connects (3 worker processes here
-    # on 2 CPUs after the one task), and Tune's trial actors never use them (each starts a worker of its own); without
-    # them Ray starts the task's worker and one more beside it
-    assert found["workers"] <= 2
+    # no idle workers started ahead: Ray's default prestarts one per CPU as the driver connects (3 worker processes on
+    # 2 CPUs after the one task, 2 without), and Tune's trial actors never use them (each starts a worker of its own).
+    # The control is a user's own setting, which wins over LOCAL_RAY_ENV: the same probe with Ray's prestart on.
+    assert found["workers"] < probe(RAY_prestart_worker_first_driver="1")["workers"]
