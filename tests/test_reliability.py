@@ -215,11 +215,11 @@ def mlflow_server(folder: Path, port: int):
         "--artifacts-destination",
         str(folder / "artifacts"),
     ]
+    # no job runner: its seven huey consumers cost about 24 CPU-s at each start (cluster.yaml does the same)
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     procs = []
 
     def start():
-        # No job runner: its seven huey consumers cost about 24 CPU-s at each start (cluster.yaml does the same).
-        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         procs.append(proc)
         deadline = time.time() + 90
