@@ -144,6 +144,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """A tracking server must answer its health check within ``timeout`` seconds (refused: at once)."""
     if not uri.startswith(("http://", "https://")):
         return
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -151,8 +152,11 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
             if response.status != 200:
                 raise OSError(f"HTTP {response.status}")
-    except (OSError, urllib.error.URLError) as error:
+    except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
+        # HTTPException: something else than an HTTP server answered (another service's port)
         reason = getattr(error, "reason", None) or error
+        if isinstance(error, http.client.HTTPException):
+            reason = f"not an HTTP reply: {type(error).__name__}"
         raise UsageError(
             f"--tracking-uri {uri}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere"
         ) from None

@@ -7,8 +7,10 @@ whose retrieval metrics would be NaN. docs/reliability.md, "Inputs and paths", l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 from pathlib import Path
 
 import mlflow
@@ -20,7 +22,7 @@ from PIL import Image
 from study import checks, final, launch, report, tracking
 from study.spaces import SpaceError
 from tests.test_final import TINY
-from tests.test_reliability import SMOKE, assert_nothing_left, free_port, smoke_with, write
+from tests.test_reliability import SMOKE, assert_nothing_left, refused_port, smoke_with, write
 from tests.test_report import write_study_records
 from tests.test_serving import embedding_model
 from trainables.core.data import DatasetError, as_uint8_images, read_image
@@ -197,7 +199,7 @@ def test_the_model_reads_each_shape_by_its_channels(tmp_path):
 def test_address_with_no_ray_listening_is_refused_before_ray_starts(tmp_path, runs, capsys, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))
-    port = free_port()
+    port = refused_port()
     cases = [
         (f"127.0.0.1:{port}", ["Connection refused", f"127.0.0.1:{port}"]),
         ("auto", ["no Ray cluster was started on this machine", "ray start --head"]),
@@ -338,8 +340,38 @@ def test_tracking_stores_mlflow_cannot_keep_a_study_in(tmp_path, runs, capsys, m
     assert_nothing_left(runs)
 
 
+@contextlib.contextmanager
+def not_http_server(reply: bytes):
+    """A loopback server that answers every connection with ``reply`` and closes it (a gRPC port, say); yields its URL."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve():
+        with contextlib.suppress(OSError):  # closed at the end of the test
+            while True:
+                connection, _ = server.accept()
+                with connection:
+                    connection.recv(65536)  # the request, so that the reply is read and not reset
+                    connection.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("reply", [b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_a_tracking_uri_where_something_else_than_http_answers_is_refused(tmp_path, runs, capsys, reply):
+    with not_http_server(reply) as uri:
+        code, err = run_launch(["--space", str(SMOKE), "--tracking-uri", uri], capsys)
+    assert_refused(code, err, f"--tracking-uri {uri}", "unreachable", "not an HTTP reply")
+    assert_nothing_left(runs)
+
+
 def test_optuna_storages_that_cannot_hold_a_study(tmp_path, runs, capsys):
-    port = free_port()
+    port = refused_port()
     cases = [
         ("notaurl", "not a storage URL"),
         ("journal:", "expected journal:PATH of a file"),

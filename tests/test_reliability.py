@@ -96,7 +96,7 @@ def bad_inputs(tmp_path: Path) -> list[tuple[str, list[str], str]]:
         ("--grace-period above the epochs", ["--grace-period", "9"], "--grace-period"),
         ("--reduction-factor 1", ["--reduction-factor", "1"], "--reduction-factor"),
         ("unknown --dataset", ["--dataset", "mnist"], "mnist"),
-        ("unreachable --tracking-uri", ["--tracking-uri", f"http://127.0.0.1:{free_port()}"], "unreachable"),
+        ("unreachable --tracking-uri", ["--tracking-uri", f"http://127.0.0.1:{refused_port()}"], "unreachable"),
         ("storage path below a file", ["--storage-path", str(write(tmp_path / "afile", "x") / "ray")], "--storage-path"),
     ]
     cases += [(f"flag: {k}", ["--space", str(SMOKE), *argv], text) for k, argv, text in flags]
@@ -121,6 +121,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+HELD_PORTS: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A loopback port that refuses connections for the rest of this test process: bound and never listening, so that
+    no other process (a Ray or MLflow server of a test running beside it) can take it, as it could a free_port()."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    HELD_PORTS.append(held)
+    return held.getsockname()[1]
 
 
 def assert_nothing_left(runs: Path) -> None:
@@ -178,7 +190,7 @@ def pickled_payload(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_unreachable_mlflow_fails_fast(tmp_path, runs, capsys):
     """Refused and black-holed connections: the launch stops before any trial, in seconds, naming the URI."""
-    refused = f"http://127.0.0.1:{free_port()}"
+    refused = f"http://127.0.0.1:{refused_port()}"
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(0)  # accepts the TCP handshake, never answers
