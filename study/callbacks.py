@@ -70,7 +70,7 @@ def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
 
 
 class MlflowTrials(Callback):
-    """One MLflow child run per trial (see TrialRecorder); the driver is the only writer.
+    """One MLflow child run per trial (see TrialRecorder); the driver is the only writer, from the recorder's writer thread.
 
     A confirmation re-run (its config names the Optuna trial it re-runs, ``study.selection.CONFIRMS_KEY``) is
     recorded as a ``confirmation`` run with the training config as its params.
@@ -78,6 +78,9 @@ class MlflowTrials(Callback):
 
     def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int) -> None:
         self.recorder, self.metric, self.max_epochs = recorder, metric, max_epochs
+
+    def setup(self, **info):
+        self.recorder.start_writer()  # Tune holds a reporting trial until its callbacks return: no MLflow write on that path
 
     def submit(self, op: dict[str, Any]) -> None:
         number = confirmed_trial(op["config"])
@@ -110,6 +113,7 @@ class MlflowTrials(Callback):
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
     def on_experiment_end(self, trials, **info):
+        self.recorder.close_writer()
         self.recorder.flush(force=True)
 
 

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -109,6 +110,7 @@ def reopen(client, experiment_id: str, parent_id: str) -> None:
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+WRITER_STATE = ("_lock", "_wake", "_flushing", "_writer", "_closing")  # TrialRecorder's threads: never pickled or copied
 
 
 def training_runs(client, experiment_id: str, parent_id: str) -> list:
@@ -145,6 +147,13 @@ class TrialRecorder:
     A search trial's run is named ``trial-<Optuna number>-<Tune trial id>`` and logs the trial's full
     resolved config (every TrainConfig key) as params; the Optuna trial gets the run's id as its
     ``mlflow_run_id`` user attribute. The Optuna study is the one in the parent run's ``optuna_storage``.
+
+    With the writer started (``start_writer``, as the study's Tune callback does), ``submit`` only appends the
+    operation to the spool file and returns, and one background thread applies the spool to MLflow in order:
+    Tune's driver loop, which holds a reporting trial until its callbacks return, never waits on an MLflow
+    write. What ``submit`` returned from is in the spool file either way, so a driver killed at any point leaves
+    every record for the next flush (applying is idempotent, so a record applied just before the kill is not
+    written twice).
     """
 
     retry_every_s = 15.0
@@ -167,9 +176,23 @@ class TrialRecorder:
         self.pending: list[dict[str, Any]] | None = None
         self.offline_since: float | None = None
         self.last_attempt = 0.0
+        self._threads()
+
+    def _threads(self) -> None:
+        """The writer's state: ``_lock`` guards ``pending`` and the spool file, ``_flushing`` lets one flush run at a time."""
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._flushing = threading.Lock()
+        self._writer: threading.Thread | None = None
+        self._closing = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_storage": None, "pending": None, "run_ids": {}, "logged_step": {}}
+        state = {**self.__dict__, "_client": None, "_storage": None, "pending": None, "run_ids": {}, "logged_step": {}}
+        return {k: v for k, v in state.items() if k not in WRITER_STATE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._threads()  # a copy (Tune's callbacks are copies) or a study's pickled callbacks start without a writer
 
     # -- the queue --------------------------------------------------------------
     def _load(self) -> list[dict[str, Any]]:
@@ -194,30 +217,79 @@ class TrialRecorder:
 
     def queued(self) -> int:
         """How many operations wait to be written (in memory or in the spool file)."""
-        return len(self._load())
+        with self._lock:
+            return len(self._load())
 
     def submit(self, op: dict[str, Any]) -> None:
-        self._load().append(op)
+        """Queue ``op``; without the writer it is written (or spooled) before this returns, with it in the background."""
+        with self._lock:
+            self._load().append(op)
+            if self._writer is not None:
+                with open(self.spool, "a") as f:  # the spool holds every op not yet applied, in order
+                    f.write(json.dumps(op) + "\n")
+                self._wake.notify()
+                return
         self.flush()
 
     def flush(self, force: bool = False) -> bool:
         """Apply queued operations in order; True when nothing is left queued."""
-        pending = self._load()
-        if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
-            self._persist()
-            return False
-        self.last_attempt = time.time()
-        while pending:
-            try:
-                self._apply(pending[0])
-            except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
-                self._went_offline(error)
-                self._persist()
+        with self._flushing:
+            if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
+                with self._lock:
+                    self._persist()
                 return False
-            pending.pop(0)
-        self._came_back()
-        self._persist()
-        return True
+            self.last_attempt = time.time()
+            while (op := self._next()) is not None:
+                try:
+                    self._apply(op)  # outside _lock: submit goes on meanwhile
+                except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
+                    self._went_offline(error)
+                    with self._lock:
+                        self._persist()
+                    return False
+                with self._lock:
+                    self.pending.pop(0)
+            self._came_back()
+            with self._lock:
+                self._persist()
+            return True
+
+    def _next(self) -> dict[str, Any] | None:
+        with self._lock:
+            pending = self._load()
+            return pending[0] if pending else None
+
+    # -- the background writer ----------------------------------------------------
+    def start_writer(self) -> None:
+        """From now on ``submit`` returns once the op is in the spool file; a thread applies it (``close_writer`` stops it)."""
+        with self._lock:
+            if self._writer is not None:
+                return
+            self._persist()  # the spool file holds exactly what is pending: later ops are appended to it
+            os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+            self._closing = False
+            self._writer = threading.Thread(target=self._write_loop, name="mlflow-trial-records", daemon=True)
+            self._writer.start()
+
+    def close_writer(self) -> None:
+        """Stop the writer after the flush it is in; what it has not applied stays queued (``flush(force=True)`` next)."""
+        with self._lock:
+            writer, self._closing = self._writer, True
+            self._wake.notify()
+        if writer is not None:
+            writer.join()
+        with self._lock:
+            self._writer = None
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._wake.wait_for(lambda: self._closing or bool(self._load()))
+                if self._closing:
+                    return
+            if not self.flush():  # MLflow is away: try again after retry_every_s, or stop when closed
+                with self._lock:
+                    self._wake.wait_for(lambda: self._closing, timeout=self.retry_every_s)
 
     def _went_offline(self, error: Exception) -> None:
         self._client = None

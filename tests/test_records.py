@@ -6,9 +6,15 @@ be switched off to act as an unreachable tracking server.
 
 from __future__ import annotations
 
+import copy as copy_module
 import json
+import pickle
 import re
+import select
 import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -17,8 +23,10 @@ import pytest
 from optuna.trial import TrialState
 
 from study import records
+from study.callbacks import MlflowTrials
 from study.interrupts import StudyInterrupted
 from study.records import TrialRecorder
+from tests.conftest import ROOT
 from trainables.core.config import TrainConfig
 
 
@@ -195,6 +203,130 @@ def test_recorder_pickles_without_its_client_and_queue(tmp_path, mlflow_fake):
     recorder._client, recorder.run_ids = mlflow_fake, {"a": "run1"}
     state = recorder.__getstate__()
     assert state["_client"] is None and state["run_ids"] == {} and state["pending"] is None
+
+
+# -- the background writer (what the study's Tune callback uses) ---------------------------
+class GatedMlflow(FakeMlflow):
+    """A FakeMlflow whose ``log_batch`` waits for ``gate`` (at most ``limit_s``): an MLflow write that takes long."""
+
+    def __init__(self, limit_s: float = 60.0) -> None:
+        super().__init__()
+        self.gate, self.entered, self.limit_s = threading.Event(), threading.Event(), limit_s
+        self.inside = 0  # log_batch calls under way
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=()):
+        self.inside += 1
+        self.entered.set()
+        self.gate.wait(self.limit_s)
+        try:
+            return super().log_batch(run_id, metrics, params, tags)
+        finally:
+            self.inside -= 1
+
+
+def spooled(spool) -> list[tuple]:
+    return [(op["op"], op.get("step")) for op in map(json.loads, spool.read_text().splitlines())]
+
+
+ALL_OPS = [("start", None), ("result", 1), ("result", 2), ("complete", None)]
+
+
+def test_with_the_writer_submit_returns_while_mlflow_writes_and_the_spool_holds_every_op(tmp_path):
+    fake, spool = GatedMlflow(), tmp_path / "spool" / "s.jsonl"
+    fake.create_run("0", tags={"kind": "study", "study_name": "s"})
+    recorder = recorder_for(fake, spool)
+    recorder.start_writer()
+    for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+        recorder.submit(op)
+    assert fake.entered.wait(60)  # the writer is in its first write (the start's params) ...
+    assert fake.inside == 1 and fake.runs["run1"].data.params == {}  # ... not done with it: submit did not wait
+    assert spooled(spool) == ALL_OPS  # every op is on disk, in order, before it is applied
+    fake.gate.set()
+    recorder.close_writer()
+    assert recorder.flush(force=True) is True
+    run = fake.trials()["a"]
+    assert fake.steps(run) == [1, 2] and run.info.status == "FINISHED" and run.data.params["lr"] == "0.01"
+    assert not spool.exists()
+    recorder.submit(epoch("a", 3))  # closed: written before submit returns again
+    assert fake.steps(run) == [1, 2, 3] and not spool.exists()
+
+
+KILLED_DRIVER = """
+import sys, threading
+from tests.test_records import GatedMlflow, recorder_for, start, epoch, complete
+fake = GatedMlflow(limit_s=600)
+fake.create_run("0", tags={"kind": "study", "study_name": "s"})
+recorder = recorder_for(fake, sys.argv[1])
+recorder.start_writer()
+for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+    recorder.submit(op)
+fake.entered.wait(600)
+print("submitted", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_driver_killed_while_its_writer_waits_on_mlflow_leaves_every_record_in_the_spool(tmp_path, mlflow_fake):
+    spool = tmp_path / "s.jsonl"
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(spool)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:  # a driver whose submit waited for MLflow would never say so
+        assert select.select([driver.stdout], [], [], 120)[0], "the driver did not return from submit within 120 s"
+        assert driver.stdout.readline().strip() == "submitted"
+    finally:
+        driver.kill()
+        driver.wait(60)
+    assert spooled(spool) == ALL_OPS
+    later = recorder_for(mlflow_fake, spool)  # a resumed study or `python -m study.sync`
+    assert later.flush(force=True) is True
+    run = mlflow_fake.trials()["a"]
+    assert mlflow_fake.steps(run) == [1, 2] and run.info.status == "FINISHED" and not spool.exists()
+
+
+class WatchedMlflow(FakeMlflow):
+    """A FakeMlflow that says when a call failed (``failed``) and when a run ended (``finished``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed, self.finished = threading.Event(), threading.Event()
+
+    def _call(self, name: str) -> None:
+        if self.down:
+            self.failed.set()
+        super()._call(name)
+
+    def set_terminated(self, run_id, status="FINISHED"):
+        super().set_terminated(run_id, status)
+        self.finished.set()
+
+
+def test_with_the_writer_an_outage_keeps_records_and_the_writer_writes_them_when_mlflow_returns(tmp_path):
+    fake, spool = WatchedMlflow(), tmp_path / "s.jsonl"
+    fake.create_run("0", tags={"kind": "study", "study_name": "s"})
+    recorder = recorder_for(fake, spool)
+    recorder.retry_every_s = 0.05
+    fake.down = True
+    recorder.start_writer()
+    for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+        recorder.submit(op)  # never raises: MLflow's errors are the writer's
+    assert fake.failed.wait(60)  # the writer tried while MLflow was down
+    assert spooled(spool) == ALL_OPS and fake.trials() == {}
+    fake.down = False
+    assert fake.finished.wait(60)  # it tried again by itself and wrote all of it
+    recorder.close_writer()
+    assert fake.steps(fake.trials()["a"]) == [1, 2] and not spool.exists()
+    assert [e["event"] for e in recorder.events()] == ["unreachable", "reachable again"]
+
+
+def test_a_recorder_with_a_writer_pickles_and_copies_without_it(tmp_path, mlflow_fake):
+    recorder = TrialRecorder("http://mlflow.test", "0", "run0", "s", str(tmp_path / "s.jsonl"))  # connects with MlflowClient
+    recorder.start_writer()
+    callback = MlflowTrials(recorder, "val_recall_at_1", 4)
+    for copy in (pickle.loads(pickle.dumps(recorder)), copy_module.deepcopy(callback).recorder):
+        assert copy._writer is None and copy.pending is None
+        copy.connect = lambda uri: mlflow_fake
+        copy.submit(start(f"copy{id(copy)}"))  # no writer: written at once
+        assert f"copy{id(copy)}" in mlflow_fake.trials()
+    recorder.close_writer()
 
 
 # -- a study that stops early, and one that ends ----------------------------------------
