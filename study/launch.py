@@ -667,8 +667,11 @@ def run_study(settings: StudySettings) -> dict[str, Any]:
                 recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
                 tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
                 print_header(s)
-                with stops.graceful(), env_set(AUTO_LOGGERS_FLAG, "1"):
-                    results = tuner.fit()
+                try:
+                    with stops.graceful(), env_set(AUTO_LOGGERS_FLAG, "1"):
+                        results = tuner.fit()
+                finally:  # Tune does not reach its callbacks' on_experiment_end on every way out of fit()
+                    records.stop_writers()
                 selection = selection_of(s, study, results)
                 with stops.deferred():
                     summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection, usage)

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,26 @@ def reopen(client, experiment_id: str, parent_id: str) -> None:
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
 WRITER_STATE = ("_lock", "_wake", "_flushing", "_writer", "_closing")  # TrialRecorder's threads: never pickled or copied
+PERSIST_EVERY = 64  # a long drain rewrites the spool after this many applied ops, so a kill replays at most these
+RUNNING_WRITERS: weakref.WeakSet = weakref.WeakSet()  # recorders (Tune's copies included) whose writer thread runs
+
+
+def stop_writers() -> None:
+    """Stop every recorder's writer in this process (what each has not applied stays in its spool file).
+
+    The driver calls this when ``Tuner.fit()`` returns or raises: Tune does not call its callbacks'
+    ``on_experiment_end`` on every way out, and no record may land after the study marks its runs.
+    """
+    for recorder in list(RUNNING_WRITERS):
+        recorder.close_writer()
+
+
+def json_or_none(line: str) -> Any:
+    """A spool line's op; None for a blank line or one torn by a write that failed or was killed (an op never acknowledged)."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def training_runs(client, experiment_id: str, parent_id: str) -> list:
@@ -200,8 +221,16 @@ class TrialRecorder:
             self.pending = []
             if os.path.exists(self.spool):
                 with open(self.spool) as f:
-                    self.pending = [json.loads(line) for line in f if line.strip()]
+                    self.pending = [op for op in map(json_or_none, f) if op is not None]
         return self.pending
+
+    def _append(self, line: str) -> None:
+        """One op at the end of the spool file; a line torn by an earlier append that failed or was killed is ended first."""
+        os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+        with open(self.spool, "a+b") as f:
+            if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+                f.write(b"\n")
+            f.write(line.encode())
 
     def _persist(self) -> None:
         pending = self._load()
@@ -218,15 +247,18 @@ class TrialRecorder:
     def queued(self) -> int:
         """How many operations wait to be written (in memory or in the spool file)."""
         with self._lock:
+            if self._writer is None:
+                self.pending = None  # the spool file, which another recorder of the study may have written since
             return len(self._load())
 
     def submit(self, op: dict[str, Any]) -> None:
-        """Queue ``op``; without the writer it is written (or spooled) before this returns, with it in the background."""
+        """Queue ``op``: it is in the spool file when this returns; without the writer it is also applied (or kept)."""
+        line = json.dumps(op) + "\n"
         with self._lock:
-            self._load().append(op)
+            pending = self._load()
+            self._append(line)  # the spool holds every op not yet applied, in order; a failed write queues nothing
+            pending.append(op)
             if self._writer is not None:
-                with open(self.spool, "a") as f:  # the spool holds every op not yet applied, in order
-                    f.write(json.dumps(op) + "\n")
                 self._wake.notify()
                 return
         self.flush()
@@ -234,11 +266,14 @@ class TrialRecorder:
     def flush(self, force: bool = False) -> bool:
         """Apply queued operations in order; True when nothing is left queued."""
         with self._flushing:
-            if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
-                with self._lock:
+            with self._lock:
+                if threading.current_thread() is not self._writer:
+                    self.pending = None  # the spool file is the queue: another recorder of the study may have added to it
+                if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
                     self._persist()
-                return False
+                    return False
             self.last_attempt = time.time()
+            applied = 0
             while (op := self._next()) is not None:
                 try:
                     self._apply(op)  # outside _lock: submit goes on meanwhile
@@ -247,8 +282,11 @@ class TrialRecorder:
                     with self._lock:
                         self._persist()
                     return False
+                applied += 1
                 with self._lock:
                     self.pending.pop(0)
+                    if applied % PERSIST_EVERY == 0:
+                        self._persist()
             self._came_back()
             with self._lock:
                 self._persist()
@@ -270,6 +308,7 @@ class TrialRecorder:
             self._closing = False
             self._writer = threading.Thread(target=self._write_loop, name="mlflow-trial-records", daemon=True)
             self._writer.start()
+            RUNNING_WRITERS.add(self)
 
     def close_writer(self) -> None:
         """Stop the writer after the flush it is in; what it has not applied stays queued (``flush(force=True)`` next)."""
@@ -277,9 +316,10 @@ class TrialRecorder:
             writer, self._closing = self._writer, True
             self._wake.notify()
         if writer is not None:
-            writer.join()
+            writer.join()  # at most the op being applied: every MLflow call is bounded (tracking.configure_mlflow)
         with self._lock:
             self._writer = None
+        RUNNING_WRITERS.discard(self)
 
     def _write_loop(self) -> None:
         while True:
@@ -287,7 +327,12 @@ class TrialRecorder:
                 self._wake.wait_for(lambda: self._closing or bool(self._load()))
                 if self._closing:
                     return
-            if not self.flush():  # MLflow is away: try again after retry_every_s, or stop when closed
+            try:
+                written = self.flush()
+            except OSError as error:  # the spool file could not be rewritten (a full disk): its ops stay queued
+                print(f"warning: the trial records' spool {self.spool} could not be written ({error}); trying again", flush=True)
+                written = False
+            if not written:  # MLflow is away: try again after retry_every_s, or stop when closed
                 with self._lock:
                     self._wake.wait_for(lambda: self._closing, timeout=self.retry_every_s)
 

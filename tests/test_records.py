@@ -236,13 +236,15 @@ def test_with_the_writer_submit_returns_while_mlflow_writes_and_the_spool_holds_
     fake.create_run("0", tags={"kind": "study", "study_name": "s"})
     recorder = recorder_for(fake, spool)
     recorder.start_writer()
-    for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
-        recorder.submit(op)
-    assert fake.entered.wait(60)  # the writer is in its first write (the start's params) ...
-    assert fake.inside == 1 and fake.runs["run1"].data.params == {}  # ... not done with it: submit did not wait
-    assert spooled(spool) == ALL_OPS  # every op is on disk, in order, before it is applied
-    fake.gate.set()
-    recorder.close_writer()
+    try:
+        for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+            recorder.submit(op)
+        assert fake.entered.wait(60)  # the writer is in its first write (the start's params) ...
+        assert fake.inside == 1 and fake.runs["run1"].data.params == {}  # ... not done with it: submit did not wait
+        assert spooled(spool) == ALL_OPS  # every op is on disk, in order, before it is applied
+    finally:
+        fake.gate.set()
+        recorder.close_writer()
     assert recorder.flush(force=True) is True
     run = fake.trials()["a"]
     assert fake.steps(run) == [1, 2] and run.info.status == "FINISHED" and run.data.params["lr"] == "0.01"
@@ -377,3 +379,54 @@ def test_summarize_study_counts_and_picks_the_best_complete_trial():
     }
     assert summary["best"].number == 2 and summary["best_config"] == {"lr": 2}  # the pruned trial's 0.9 does not count
     assert records.summarize_study(study, "min", 0.0)["best"].number == 0
+
+
+def test_a_driver_recorder_that_flushed_before_the_tuner_writes_what_the_callbacks_copy_kept(tmp_path, mlflow_fake):
+    """A resumed study: the driver's recorder flushes before Tune restores its callbacks (a copy), and again at the end."""
+    spool = tmp_path / "spool" / "s.jsonl"
+    driver = recorder_for(mlflow_fake, spool)
+    assert driver.flush(force=True) is True  # launch.restored_tuner: nothing kept yet
+    callback = copy_module.deepcopy(driver)  # Tuner.restore unpickles the callbacks
+    callback.start_writer()
+    mlflow_fake.down = True  # MLflow goes away near the end of the study
+    for op in (start("a"), epoch("a", 1), complete("a")):
+        callback.submit(op)
+    callback.close_writer()
+    assert callback.flush(force=True) is False  # on_experiment_end: kept in the spool
+    mlflow_fake.down = False
+    assert driver.queued() == 3
+    assert driver.flush(force=True) is True  # records.finish_study
+    run = mlflow_fake.trials()["a"]
+    assert mlflow_fake.steps(run) == [1] and run.info.status == "FINISHED" and not spool.exists()
+
+
+def test_a_torn_last_line_of_the_spool_is_skipped_and_ended_before_the_next_op(tmp_path):
+    fake, spool = GatedMlflow(), tmp_path / "s.jsonl"
+    fake.create_run("0", tags={"kind": "study", "study_name": "s"})
+    recorder = recorder_for(fake, spool)
+    recorder.start_writer()
+    try:
+        recorder.submit(start("a"))
+        assert fake.entered.wait(60)  # the writer holds the start's write: the file is not rewritten meanwhile
+        with open(spool, "a") as f:
+            f.write('{"op": "result", "trial_id": "a", "st')  # an append torn by a full disk or a kill
+        recorder.submit(epoch("a", 1))
+        lines = spool.read_text().splitlines()
+        assert len(lines) == 3 and json.loads(lines[-1])["step"] == 1  # on a line of its own, after the torn one
+        assert recorder_for(fake, spool).queued() == 2  # what a later driver reads: the torn op (never acknowledged) skipped
+    finally:
+        fake.gate.set()
+        recorder.close_writer()
+    assert recorder.flush(force=True) is True
+    assert fake.steps(fake.trials()["a"]) == [1] and not spool.exists()
+
+
+def test_stop_writers_stops_the_writer_of_every_copy(tmp_path, mlflow_fake):
+    recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
+    copies = [recorder, copy_module.deepcopy(recorder)]
+    for each in copies:
+        each.start_writer()
+    threads = [each._writer for each in copies]
+    records.stop_writers()
+    assert not any(thread.is_alive() for thread in threads) and all(each._writer is None for each in copies)
+    assert not list(records.RUNNING_WRITERS)
