@@ -3,8 +3,9 @@
 - The parent run (one per study, tags ``kind=study`` and ``study_name``) holds the study's settings as
   params; with ``--resume`` they are read back from it.
 - The trial records: one child run per Tune trial, written by the driver only (``TrialRecorder``).
-  While MLflow is unreachable they wait in a spool file (``<runs dir>/spool/NAME.jsonl``) and are
-  written when it returns, by the next event, at the end of the study, by a resumed study or by
+  Each record goes to a spool file (``<runs dir>/spool/NAME.jsonl``) first and is written to MLflow
+  by the recorder's writer thread during a study; while MLflow is unreachable the records wait
+  there and are written when it returns, at the end of the study, by a resumed study or by
   ``python -m study.sync``.
 - The end of a study (``finish_study``): Optuna trials still RUNNING are FAIL, the child runs get
   their Optuna state, and the parent gets best_config.yaml, the trials table, plots and summary metrics.
