@@ -225,10 +225,19 @@ class TrialRecorder:
                     self.pending = [op for op in map(json_or_none, f) if op is not None]
         return self.pending
 
+    def _reread(self) -> None:
+        """Without a running writer the spool file is the queue (another recorder of the study may have added to it since)."""
+        if self._writer is None:
+            self.pending = None
+
     def _append(self, line: str) -> None:
         """One op at the end of the spool file; a line torn by an earlier append that failed or was killed is ended first."""
-        os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
-        with open(self.spool, "a+b") as f:
+        try:
+            f = open(self.spool, "a+b")
+        except FileNotFoundError:  # the first op of a study: its spool folder is made once
+            os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+            f = open(self.spool, "a+b")
+        with f:
             if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
                 f.write(b"\n")
             f.write(line.encode())
@@ -248,28 +257,26 @@ class TrialRecorder:
     def queued(self) -> int:
         """How many operations wait to be written (in memory or in the spool file)."""
         with self._lock:
-            if self._writer is None:
-                self.pending = None  # the spool file, which another recorder of the study may have written since
+            self._reread()
             return len(self._load())
 
     def submit(self, op: dict[str, Any]) -> None:
         """Queue ``op``: it is in the spool file when this returns; without the writer it is also applied (or kept)."""
         line = json.dumps(op) + "\n"
         with self._lock:
-            pending = self._load()
+            queue = self._load() if self._writer is not None else None  # read before the append, which it would hold
             self._append(line)  # the spool holds every op not yet applied, in order; a failed write queues nothing
-            pending.append(op)
-            if self._writer is not None:
+            if queue is not None:
+                queue.append(op)
                 self._wake.notify()
                 return
-        self.flush()
+        self.flush()  # reads the spool: this op, after any that another recorder of the study kept
 
     def flush(self, force: bool = False) -> bool:
         """Apply queued operations in order; True when nothing is left queued."""
         with self._flushing:
             with self._lock:
-                if threading.current_thread() is not self._writer:
-                    self.pending = None  # the spool file is the queue: another recorder of the study may have added to it
+                self._reread()
                 if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
                     self._persist()
                     return False
@@ -305,7 +312,6 @@ class TrialRecorder:
             if self._writer is not None:
                 return
             self._persist()  # the spool file holds exactly what is pending: later ops are appended to it
-            os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
             self._closing = False
             self._writer = threading.Thread(target=self._write_loop, name="mlflow-trial-records", daemon=True)
             self._writer.start()

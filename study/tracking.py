@@ -145,21 +145,18 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
     if not uri.startswith(("http://", "https://")):
         return
     import http.client
-    import urllib.error
     import urllib.request
 
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
-            if response.status != 200:
-                raise OSError(f"HTTP {response.status}")
-    except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
-        # HTTPException: something else than an HTTP server answered (another service's port)
+            if response.status == 200:
+                return
+            reason: object = f"HTTP {response.status}"
+    except http.client.HTTPException as error:  # something else than an HTTP server answered (another service's port)
+        reason = f"not an HTTP reply: {type(error).__name__}"
+    except OSError as error:  # refused, timed out, unknown host (urllib's URLError is an OSError)
         reason = getattr(error, "reason", None) or error
-        if isinstance(error, http.client.HTTPException):
-            reason = f"not an HTTP reply: {type(error).__name__}"
-        raise UsageError(
-            f"--tracking-uri {uri}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere"
-        ) from None
+    raise UsageError(f"--tracking-uri {uri}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere")
 
 
 def setup(uri: str, experiment: str) -> str:

@@ -228,7 +228,12 @@ def spooled(spool) -> list[tuple]:
     return [(op["op"], op.get("step")) for op in map(json.loads, spool.read_text().splitlines())]
 
 
-ALL_OPS = [("start", None), ("result", 1), ("result", 2), ("complete", None)]
+def one_trial() -> list[dict]:
+    """Trial a's start, two epochs and its end: the records of one short trial."""
+    return [start("a"), epoch("a", 1), epoch("a", 2), complete("a")]
+
+
+ALL_OPS = [("start", None), ("result", 1), ("result", 2), ("complete", None)]  # one_trial() as spooled() reads it
 
 
 def test_with_the_writer_submit_returns_while_mlflow_writes_and_the_spool_holds_every_op(tmp_path):
@@ -237,7 +242,7 @@ def test_with_the_writer_submit_returns_while_mlflow_writes_and_the_spool_holds_
     recorder = recorder_for(fake, spool)
     recorder.start_writer()
     try:
-        for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+        for op in one_trial():
             recorder.submit(op)
         assert fake.entered.wait(60)  # the writer is in its first write (the start's params) ...
         assert fake.inside == 1 and fake.runs["run1"].data.params == {}  # ... not done with it: submit did not wait
@@ -255,12 +260,12 @@ def test_with_the_writer_submit_returns_while_mlflow_writes_and_the_spool_holds_
 
 KILLED_DRIVER = """
 import sys, threading
-from tests.test_records import GatedMlflow, recorder_for, start, epoch, complete
+from tests.test_records import GatedMlflow, one_trial, recorder_for
 fake = GatedMlflow(limit_s=600)
 fake.create_run("0", tags={"kind": "study", "study_name": "s"})
 recorder = recorder_for(fake, sys.argv[1])
 recorder.start_writer()
-for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+for op in one_trial():
     recorder.submit(op)
 fake.entered.wait(600)
 print("submitted", flush=True)
@@ -308,7 +313,7 @@ def test_with_the_writer_an_outage_keeps_records_and_the_writer_writes_them_when
     recorder.retry_every_s = 0.05
     fake.down = True
     recorder.start_writer()
-    for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a")):
+    for op in one_trial():
         recorder.submit(op)  # never raises: MLflow's errors are the writer's
     assert fake.failed.wait(60)  # the writer tried while MLflow was down
     assert spooled(spool) == ALL_OPS and fake.trials() == {}
