@@ -32,8 +32,14 @@ schedule is defined as a fraction of the budget (trainables.core.schedule),
 so the picked config trained to a longer budget is the same recipe, run
 longer. The study records the result as its parent run's ``final_epochs``.
 
-:func:`load_space` validates the whole file before anything starts; errors are
-:class:`SpaceError` naming the file, the key and what is allowed.
+``final_budget_factor`` lies in [1, 100], and the final epochs within the
+range of ``epochs``.
+
+:func:`load_space` validates the whole file before anything starts: every
+bound, choice and grid value lies in its config key's range
+(``trainables.core.config.RANGES``, the ranges TrainConfig checks), and
+sampled combinations make valid TrainConfigs. Errors are :class:`SpaceError`
+naming the file, the key and what is allowed.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from typing import Any
 import optuna
 
 from study.tracking import UsageError, read_yaml
-from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.config import FINAL_BUDGET_FACTOR, FLOAT32_MAX, RANGES, ConfigError, TrainConfig, range_problem
 
 TOP_LEVEL = ("description", "fixed", "params", "grid", "variants", "final_budget_factor")
 PARAM_KEYS = {
@@ -159,14 +165,23 @@ def _fail(path: str, key: str, message: str) -> SpaceError:
     return SpaceError(f"{path}: {key}: {message}")
 
 
+def _in_range(path: str, where: str, name: str, values: Any, bound: bool = False) -> None:
+    """Each of ``values`` must lie in config key ``name``'s range (config.RANGES); ``bound``: as an end of a searched range."""
+    for value in values:
+        problem = range_problem(name, value, bound)
+        if problem:
+            raise _fail(path, where, f"{value!r} is not allowed; {problem}")
+
+
 def _number(path: str, key: str, value: Any, kind: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, key, f"{value!r} is not a number; expected {'an integer' if kind == 'int' else 'a number'} or {{param: NAME}}")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # an int is finite, and isfinite raises for one beyond float's range
         raise _fail(path, key, f"{value!r} is not a finite number; expected {'an integer' if kind == 'int' else 'a finite number'}")
-    if kind == "int" and not float(value).is_integer():
+    if kind == "int" and isinstance(value, float) and not value.is_integer():
         raise _fail(path, key, f"{value!r} is not an integer; expected an integer for type int")
-    return int(value) if kind == "int" else float(value)
+    # an int beyond float32's range stays an int (float() raises beyond 1.8e308): the key's range refuses it by name
+    return int(value) if kind == "int" or abs(value) > FLOAT32_MAX else float(value)
 
 
 def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
@@ -195,6 +210,7 @@ def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
             raise _fail(path, f"{where}.choices", "expected a non-empty list of values")
         if any(isinstance(c, (dict, list)) or c is None for c in choices):
             raise _fail(path, f"{where}.choices", "expected scalar values (numbers, strings, booleans)")
+        _in_range(path, f"{where}.choices", name, choices)
         return Param(name, kind, choices=tuple(choices), when=when)
     bounds = {}
     for key in ("low", "high"):
@@ -207,6 +223,7 @@ def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
             bounds[key] = value
         else:
             bounds[key] = _number(path, f"{where}.{key}", value, kind)
+            _in_range(path, f"{where}.{key}", name, [bounds[key]], bound=True)
     log = spec.get("log", False)
     if not isinstance(log, bool):
         raise _fail(path, f"{where}.log", f"{log!r}; expected true or false")
@@ -239,8 +256,8 @@ def parse_space(data: Any, path: str) -> Space:
         if key not in TrainConfig.keys():
             raise _fail(path, f"fixed.{key}", f"unknown parameter; expected a config key ({', '.join(TrainConfig.keys())})")
     factor = data.get("final_budget_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
-        raise _fail(path, "final_budget_factor", f"{factor!r}; expected a number >= 1 (the final model's budget / the trials')")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not FINAL_BUDGET_FACTOR.accepts(factor):
+        raise _fail(path, "final_budget_factor", f"{factor!r} is not allowed; expected {FINAL_BUDGET_FACTOR.describe('float')}")
     space = Space(path=path, description=str(data.get("description") or ""), fixed=dict(fixed), final_budget_factor=float(factor))
     params_raw, grid_raw, variants_raw = data.get("params") or {}, data.get("grid") or {}, data.get("variants") or {}
     if sum(bool(x) for x in (params_raw, grid_raw, variants_raw)) != 1:
@@ -262,6 +279,7 @@ def parse_space(data: Any, path: str) -> Space:
                 raise _fail(path, f"grid.{name}", f"unknown parameter; expected a config key ({', '.join(TrainConfig.keys())})")
             if not isinstance(values, list) or not values:
                 raise _fail(path, f"grid.{name}", "expected a non-empty list of values")
+            _in_range(path, f"grid.{name}", name, values)
             space.grid[name] = values
     if variants_raw:
         if not isinstance(variants_raw, dict):
@@ -286,15 +304,24 @@ def _check_combinations(space: Space, samples: int = 300) -> None:
             trial = study.ask()
             try:
                 points.append(space.suggest(trial))
-            except (ValueError, TypeError) as error:  # e.g. a referenced bound below low
+            except (ValueError, TypeError, OverflowError) as error:  # e.g. a referenced bound below low
                 raise SpaceError(f"{space.path}: a sampled combination cannot be drawn ({error})") from None
             study.tell(trial, 0.0)
+    epochs: set[int] = set()
     for point in points:
         label = f"{space.path} ({', '.join(f'{k}={v!r}' for k, v in point.items())})"
         try:
-            TrainConfig.from_dict(space.to_config(point), source=label)
+            epochs.add(TrainConfig.from_dict(space.to_config(point), source=label).epochs)
         except ConfigError as error:
             raise SpaceError(str(error)) from None
+    final = space.final_epochs(max(epochs))  # study.final trains the pick to this many epochs
+    if not RANGES["epochs"].accepts(final):
+        raise _fail(
+            space.path,
+            "final_budget_factor",
+            f"{space.final_budget_factor:g} x the trials' {max(epochs)} epochs = {final} final epochs is not allowed; "
+            f"expected the final epochs to be {RANGES['epochs'].describe('int')}",
+        )
 
 
 BUILTIN_WEIGHTS = ("none", "imagenet")  # values of ``pretrained`` that are not files

@@ -369,7 +369,7 @@ CATALOGUE = [
     ("variants_not_a_mapping", "variants: [SM, LN]\n", ["variants", "mapping"]),
     ("variant_not_a_mapping", "variants:\n  SM: 1\n", ["variants.SM"]),
     ("variant_unknown_key", "variants:\n  SM: {alhpa: 1}\n", ["alhpa", "SM"]),
-    ("final_budget_below_one", "final_budget_factor: 0.5\n" + LR, ["final_budget_factor", "0.5", ">= 1"]),
+    ("final_budget_below_one", "final_budget_factor: 0.5\n" + LR, ["final_budget_factor", "0.5", "[1, 100]"]),
     ("final_budget_not_a_number", "final_budget_factor: twice\n" + LR, ["final_budget_factor", "'twice'"]),
     ("final_budget_nan", "final_budget_factor: .nan\n" + LR, ["final_budget_factor", "nan"]),
     ("variant_value_rejected", "variants:\n  SM: {normalization: layer}\n  BN: {normalization: bn}\n", ["normalization", "layer", "SM"]),

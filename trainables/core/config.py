@@ -4,7 +4,8 @@ One flat dict of JSON scalars with snake_case keys crosses every boundary of the
 project (YAML space, Optuna, Tune, MLflow, checkpoint). It becomes a
 ``TrainConfig`` exactly once, in :meth:`TrainConfig.from_dict`, where every key
 and value is checked. Errors are :class:`ConfigError` with one line that names
-the key, the value and what is allowed.
+the key, the value and what is allowed; the range of every numeric key is in :data:`RANGES`, which the search spaces' bounds are
+checked against too.
 
 Defaults follow the papers where they speak (000_4178e6910e81cd2f: alpha 16,
 heated to 4 with lr x 0.1, embedding 64; 004_44fc264e74e143df: s = 64) and are
@@ -31,10 +32,80 @@ HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
 VAL_SPLIT_CHOICES = ("classes", "alphabets")
 MAX_AUGMENT = 4.0  # characters: rotations up to 40 degrees, shifts up to 32 % of the size
+FLOAT32_MAX = 3.4028234663852886e38  # the loss and the optimizer compute in float32: a larger value becomes inf
 
 
 class ConfigError(ValueError):
     """A config key has a value that is not allowed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: finite numbers from ``low`` to ``high`` (an open end excluded), or ``special``."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # where the bound comes from, for the error message
+    special: tuple[int, str] | None = None  # one more value allowed and its meaning (image_size's 0)
+
+    def accepts(self, value: float, bound: bool = False) -> bool:
+        """Whether ``value`` is in the range; ``bound``: as an end of a searched range, which ``special`` cannot be."""
+        if self.special is not None and value == self.special[0] and not bound:
+            return True
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below and math.isfinite(value)  # compared first: isfinite raises for an int beyond float's range
+
+    def describe(self, kind: str, bound: bool = False) -> str:
+        """What the error says is expected, e.g. ``an integer in [0, 2147483647] (faiss's k-means seed is a C int)``.
+
+        ``bound``: of the ends of a searched range, which ``special`` cannot be.
+        """
+        interval = f"{'(' if self.low_open else '['}{_shown(self.low)}, {_shown(self.high)}{')' if self.high_open else ']'}"
+        text = f"{'an integer' if kind == 'int' else 'a number'} in {interval}" + (f" ({self.why})" if self.why else "")
+        if not self.special:
+            return text
+        value, meaning = self.special
+        return f"{text}; {value} ({meaning}) only as a value of its own" if bound else f"{value} ({meaning}) or {text}"
+
+
+def _shown(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
+
+
+def _up_to_float32(low: float, low_open: bool) -> Range:
+    return Range(low, FLOAT32_MAX, low_open=low_open, why="float32's largest: the loss and the optimizer compute in float32")
+
+
+# The range of every integer and float key of TrainConfig: the values its consumer accepts. TrainConfig.from_dict and
+# the search spaces' bounds (study/spaces.py) read them here.
+RANGES: dict[str, Range] = {
+    "alpha": _up_to_float32(0, low_open=True),
+    "heating_target": _up_to_float32(0, low_open=True),
+    "heating_start": Range(0, 1, why="a fraction of the budget"),
+    "heating_lr_factor": _up_to_float32(0, low_open=True),
+    "ice_scale": _up_to_float32(0, low_open=True),
+    "classes_per_batch": Range(2, 1024, why="a batch needs negatives; with samples_per_class <= 64, at most 65536 images a batch"),
+    "samples_per_class": Range(1, 64, why="with classes_per_batch <= 1024, at most 65536 images a batch"),
+    "mean_proxy_weight": _up_to_float32(0, low_open=False),
+    "embedding_dim": Range(2, 8192),
+    "dropout": Range(0, 1, high_open=True, why="a probability"),
+    "lr": _up_to_float32(0, low_open=True),
+    "lr_decay_start": Range(0, 1, why="a fraction of the budget"),
+    "weight_decay": _up_to_float32(0, low_open=False),
+    "momentum": Range(0, 1, high_open=True),
+    "new_layer_lr_mult": _up_to_float32(0, low_open=False),
+    "epochs": Range(1, 100_000),
+    "seed": Range(0, 2**31 - 1, why="faiss's k-means seed is a C int"),
+    "image_size": Range(8, 1024, special=(0, "the dataset's default")),
+    "augment": Range(0, MAX_AUGMENT, why="0: no augmentation, 1: the standard jitter"),
+    "val_fraction": Range(0, 1, low_open=True, high_open=True, why="a fraction of the training classes"),
+}
+# study.final trains a study's pick to final_budget_factor x the trials' epochs (study/spaces.py); schedules are
+# fractions of the budget, so a far longer budget is no longer the recipe the study scored
+FINAL_BUDGET_FACTOR = Range(1, 100, why="the final model's budget / the trials'")
 
 
 @dataclass(frozen=True)
@@ -136,22 +207,9 @@ class TrainConfig:
         ):
             if getattr(self, key) not in choices:
                 raise bad(key, "one of " + ", ".join(choices))
-        positive = ("alpha", "heating_target", "ice_scale", "lr", "heating_lr_factor")
-        for key in positive:
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise bad(key, "a finite number > 0")
-        for key in ("weight_decay", "mean_proxy_weight", "new_layer_lr_mult"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value >= 0):
-                raise bad(key, "a finite number >= 0")
-        for key in ("heating_start", "lr_decay_start"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise bad(key, "a fraction of the budget in [0, 1]")
-        if not 0 <= self.momentum < 1:
-            raise bad("momentum", "a number in [0, 1)")
-        if not 0 <= self.dropout < 1:
-            raise bad("dropout", "a probability in [0, 1)")
+        for key, allowed in RANGES.items():
+            if not allowed.accepts(getattr(self, key)):
+                raise bad(key, allowed.describe(KINDS[key]))
         if self.embedding_reduction == "fc_dropout" and self.dropout == 0:
             raise bad("dropout", "a probability in (0, 1) with embedding_reduction=fc_dropout (FCR2's dropout layer)")
         if self.embedding_reduction != "fc_dropout" and self.dropout > 0:
@@ -165,24 +223,8 @@ class TrainConfig:
                 f"{source}: normalization='bn' with embedding_reduction=pca is not allowed: the PCA is applied before "
                 "the normalization and bn's statistics are of the unreduced features; expected normalization l2 or none"
             )
-        if not (math.isfinite(self.augment) and 0 <= self.augment <= MAX_AUGMENT):
-            raise bad("augment", f"a strength in [0, {MAX_AUGMENT:g}] (0: no augmentation, 1: the standard jitter)")
-        if not 0 < self.val_fraction < 1:
-            raise bad("val_fraction", "a fraction in (0, 1)")
-        if self.classes_per_batch < 2:
-            raise bad("classes_per_batch", "an integer >= 2 (a batch needs negatives)")
-        if self.samples_per_class < 1:
-            raise bad("samples_per_class", "an integer >= 1")
         if self.loss == "ice" and self.samples_per_class < 2:
             raise bad("samples_per_class", "an integer >= 2 with loss=ice (every anchor needs a positive)")
-        if not 2 <= self.embedding_dim <= 8192:
-            raise bad("embedding_dim", "an integer in [2, 8192]")
-        if not 1 <= self.epochs <= 100_000:
-            raise bad("epochs", "an integer >= 1")
-        if self.seed < 0:
-            raise bad("seed", "an integer >= 0")
-        if self.image_size != 0 and not 8 <= self.image_size <= 1024:
-            raise bad("image_size", "0 (dataset default) or an integer in [8, 1024]")
         if self.backbone == "small_cnn" and self.image_size != 0 and self.image_size < 16:
             raise bad("image_size", "0 or at least 16 with backbone=small_cnn (it halves the size four times)")
         if not self.pretrained:
@@ -199,6 +241,25 @@ class TrainConfig:
     @property
     def batch_size(self) -> int:
         return self.classes_per_batch * self.samples_per_class
+
+
+# The kind (int, float) of every numeric key, as from_dict coerces it
+KINDS = {f.name: f.type for f in fields(TrainConfig) if f.type in ("int", "float")}
+
+
+def range_problem(key: str, value: Any, bound: bool = False) -> str | None:
+    """What numeric key ``key`` expects (``expected ...``) if ``value``, coerced as by from_dict, is outside its range; else None.
+
+    ``bound``: ``value`` is an end of a searched range (see :meth:`Range.describe`). None for keys that are not numeric.
+    """
+    if key not in RANGES:
+        return None
+    allowed, kind = RANGES[key], KINDS[key]
+    try:
+        number = _coerce("", key, value, kind)
+    except ConfigError:
+        return f"expected {'an integer' if kind == 'int' else 'a number'}"
+    return None if allowed.accepts(number, bound) else f"expected {allowed.describe(kind, bound)}"
 
 
 # Keys that only one loss reads (losses.py, schedule.heats): the heated-up softmax's temperature, its
@@ -260,7 +321,8 @@ def _coerce(source: str, key: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{source}: {key}={value!r} is not allowed; expected a number")
         if isinstance(value, (int, float)):
-            return float(value)
+            # an int beyond float32's range stays an int (float() raises beyond 1.8e308): the key's range refuses it by name
+            return value if abs(value) > FLOAT32_MAX else float(value)
         if isinstance(value, str):
             try:
                 return float(value)
