@@ -8,6 +8,9 @@ correlation between each ASHA rung's metric and the final one, the papers'
 table (one row per metric, one column per configuration, mean and spread over
 seeds) and embedding diagnostics of the final models (positive/negative pair
 cosine similarities on the test classes, the mean-proxy norm over training).
+``report.html`` is the same report in one file, its PNGs embedded. Both are
+rendered from one list of blocks (headings, paragraphs, tables, images), and
+the text the report reads from MLflow and Optuna is shown as text in both.
 The same files are logged to the parent run under ``report/``.
 
 The files a study itself ends with (``best_config.yaml``, ``trials.csv``, the
@@ -17,6 +20,9 @@ Optuna plots) are written by ``study.artifacts``.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import html
 import json
 import logging
 import re
@@ -24,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +52,83 @@ TABLE_METRICS = (
     ("R@8", "test_recall_at_8"),
     ("MAP@R", "test_map_at_r"),
 )
+
+
+# -- the report's blocks: what it says, written twice (report.md and report.html) ---------------------------------------
+#
+# A section is a list of blocks, and a block's text a str, a Code, a Strong or a tuple of them. A str is shown as
+# it reads whatever characters it holds (each renderer escapes it), so what MLflow and Optuna hold (variant names,
+# params, tags, error messages) can never turn into a link, an image, markup or a broken table. Only an Image
+# shows a picture, and only a PNG the report wrote into its folder.
+
+
+@dataclass(frozen=True)
+class Code:
+    """Text in a code font: a name, a file or a command, shown verbatim."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Strong:
+    """Text in bold (the best mean of a row of the papers' table)."""
+
+    text: str
+
+
+Inline = str | Code | Strong | tuple  # a tuple: a run of these
+
+
+@dataclass(frozen=True)
+class Heading:
+    level: int
+    text: Inline
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    text: Inline
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: tuple[Inline, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A header row and rows of as many cells."""
+
+    header: tuple[Inline, ...]
+    rows: tuple[tuple[Inline, ...], ...]
+
+    def __post_init__(self) -> None:
+        if any(len(row) != len(self.header) for row in self.rows):
+            raise ValueError(f"Table: rows of {sorted({len(r) for r in self.rows})} cells under a header of {len(self.header)}")
+
+
+@dataclass(frozen=True)
+class Preformatted:
+    """Text in a block of its own, lines and spaces kept (the best config's YAML)."""
+
+    text: str
+    language: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    """A PNG the report wrote into its folder, after ``caption`` on the same line."""
+
+    path: Path
+    alt: str
+    caption: Inline = ()
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+\.png", self.path.name):
+            raise ValueError(f"Image {self.path}: expected a PNG the report named (letters, digits, _ . -)")
+
+
+Block = Heading | Paragraph | Bullets | Table | Preformatted | Image
 
 
 # -- pure helpers, tested by hand ---------------------------------------------------------------------------------------
@@ -96,7 +180,7 @@ def recorded_early_stopping(params: dict[str, str]) -> str:
     return describe_rule(kind, rungs, None if stratify_by == "none" else stratify_by)
 
 
-def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> str:
+def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> list[Block]:
     """The papers' layout: one row per metric, one column per configuration, mean ± sample std over seeds (in %).
 
     A cell of one seed reads ``72.1 (n = 1)``: one value has no spread. With more
@@ -104,26 +188,26 @@ def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0
     bold (ties all bold), and the caption says so; with one column it does not.
     """
     names = list(columns)
-    lines = ["| metric (%) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    rows = []
     for label, key in TABLE_METRICS:
         values = {n: [scale * m[key] for m in columns[n] if key in m] for n in names}
         shown = {n: f"{np.mean(v):.1f}" for n, v in values.items() if v}
         best = max(shown.values(), key=float, default=None)
-        cells = []
+        cells: list[Inline] = []
         for n in names:
             if not values[n]:
                 cells.append("-")
                 continue
             spread = f" ± {np.std(values[n], ddof=1):.1f}" if len(values[n]) > 1 else f" (n = {len(values[n])})"
             cell = shown[n] + spread
-            cells.append(f"**{cell}**" if len(names) > 1 and float(shown[n]) == float(best) else cell)
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            cells.append(Strong(cell) if len(names) > 1 and float(shown[n]) == float(best) else cell)
+        rows.append((label, *cells))
     seeds = sorted({len(v) for v in columns.values()})
     caption = f"Mean ± sample standard deviation over {'/'.join(map(str, seeds))} seed(s)" + (
         "; n = 1 marks a single seed (no spread)" if 1 in seeds else ""
     )
-    lines += ["", caption + ("; the best mean of each row in bold." if len(names) > 1 else ".")]
-    return "\n".join(lines)
+    caption += "; the best mean of each row in bold." if len(names) > 1 else "."
+    return [Table(("metric (%)", *names), tuple(rows)), Paragraph(caption)]
 
 
 def _fmt(value: Any) -> str:
@@ -138,7 +222,10 @@ def _fmt(value: Any) -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+    """A file-name part for ``text``: its letters, digits, _ . - and, where that is not all of it, a hash of ``text``, so
+    that two names never share a file ("a|b" and "a_b")."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    return slug if slug == text and len(slug) <= 80 else slug[:64] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 # -- reading MLflow --------------------------------------------------------------------------------------------------
@@ -212,21 +299,27 @@ def _schedule_ends(budget: dict[int, float], epoch: dict[int, float]) -> dict[in
 # -- sections of a study's report ------------------------------------------------------------------------------------
 
 
-def study_header(parent, metric: str, mode: str) -> list[str]:
+def study_header(parent, metric: str, mode: str) -> list[Block]:
     params, m = parent.data.params, parent.data.metrics
-    return [
-        f"# Study {parent.data.tags['study_name']}",
-        "",
-        f"- space: `{params.get('space')}`, {params.get('num_samples', '?')} trials of up to {params.get('epochs', 0)} epochs, "
+    setup = (
+        "space: ",
+        Code(f"{params.get('space')}"),
+        f", {params.get('num_samples', '?')} trials of up to {params.get('epochs', 0)} epochs, "
         f"sampler {params.get('sampler', 'tpe')}, {recorded_early_stopping(params)}",
-        f"- status: {parent.info.status}; {int(m.get('n_complete', 0))} complete, {int(m.get('n_pruned', 0))} pruned, "
-        f"{int(m.get('n_failed', 0))} failed; {int(m.get('epochs_spent', 0))} epochs trained in {m.get('wall_time_s', float('nan')):.0f} s",
-        f"- metric: {metric} ({mode}) on the validation classes",
-        "",
+    )
+    status = (
+        f"status: {parent.info.status}; {int(m.get('n_complete', 0))} complete, {int(m.get('n_pruned', 0))} pruned, "
+        f"{int(m.get('n_failed', 0))} failed; {int(m.get('epochs_spent', 0))} epochs trained in {m.get('wall_time_s', float('nan')):.0f} s"
+    )
+    return [
+        Heading(1, f"Study {parent.data.tags['study_name']}"),
+        Bullets((setup, status, f"metric: {metric} ({mode}) on the validation classes")),
     ]
 
 
-def top_trials(trials: list, histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, mode: str, top: int) -> list[str]:
+def top_trials(
+    trials: list, histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, mode: str, top: int
+) -> list[Block]:
     """The ``top`` complete trials by their last ``metric``, with the params that vary between trials."""
     rows = [
         (list(histories[key].values())[-1], key, r) for r in trials if states.get(key := _trial_key(r)) == "COMPLETE" and histories.get(key)
@@ -234,17 +327,14 @@ def top_trials(trials: list, histories: dict[str, dict[int, float]], states: dic
     rows.sort(key=lambda row: row[0], reverse=(mode == "max"))
     keys = set().union(*(r.data.params for r in trials)) if trials else set()
     varying = sorted(k for k in keys if k != "seed" and len({r.data.params.get(k) for r in trials}) > 1)
-    lines = [f"## Top trials by {metric}", "", f"| trial | {metric} | epochs | " + " | ".join(varying) + " |"]
-    lines.append("|---|---|---|" + "---|" * len(varying))
-    for value, key, r in rows[:top]:
-        cells = " | ".join(_fmt(r.data.params.get(k, "")) for k in varying)
-        lines.append(f"| {key} | {value:.4f} | {len(histories[key])} | {cells} |")
-    if not rows:
-        lines.append("(no complete trial)")
-    return [*lines, ""]
+    cells = tuple(
+        (key, f"{value:.4f}", f"{len(histories[key])}", *(_fmt(r.data.params.get(k, "")) for k in varying)) for value, key, r in rows[:top]
+    )
+    table = Table(("trial", metric, "epochs", *varying), cells)
+    return [Heading(2, f"Top trials by {metric}"), table, *([] if rows else [Paragraph("(no complete trial)")])]
 
 
-def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[str]:
+def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[Block]:
     """How the study picked its best trial: the confirmation re-runs of ``record`` (selection.json) by mean, and the verdict.
 
     ``names``: the trials' run names by Optuna number. Nothing without a record (a grid, or ``--confirm-seeds 0``).
@@ -253,26 +343,27 @@ def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[s
         return []
     name = lambda n: names.get(n, f"Optuna #{n}")  # noqa: E731
     ranking = record["ranking"]
-    lines = [
-        "## The pick: the top trials re-run with extra seeds",
-        "",
-        "A single score is one seed's; the study picks the best mean over seeds, so the pick need not be the top row above.",
-        "",
-        "| trial | mean ± standard error | scores (the trial's own, then each extra seed) |",
-        "|---|---|---|",
+    header = ("trial", "mean ± standard error", "scores (the trial's own, then each extra seed)")
+    rows = tuple((name(e["trial"]), f"{e['mean']:.4f} ± {e['sem']:.4f}", ", ".join(f"{v:.4f}" for v in e["scores"])) for e in ranking)
+    return [
+        Heading(2, "The pick: the top trials re-run with extra seeds"),
+        Paragraph("A single score is one seed's; the study picks the best mean over seeds, so the pick need not be the top row above."),
+        Table(header, rows),
+        Paragraph(f"picked: {name(ranking[0]['trial'])}, the best mean; {record['verdict']}."),
     ]
-    lines += [f"| {name(e['trial'])} | {e['mean']:.4f} ± {e['sem']:.4f} | {', '.join(f'{v:.4f}' for v in e['scores'])} |" for e in ranking]
-    return [*lines, "", f"picked: {name(ranking[0]['trial'])}, the best mean; {record['verdict']}.", ""]
 
 
-def best_config(client, parent, out: Path, picked: bool = False) -> list[str]:
+def best_config(client, parent, out: Path, picked: bool = False) -> list[Block]:
     """The best trial's config as the study stored it (nothing before a trial completes); ``picked``: chosen by its mean."""
     try:
         text = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
     except Exception:  # no complete trial, or the study has not ended
         return []
     which = "The picked trial's config" if picked else "The best trial's config"
-    return [f"{which} (`best_config.yaml`, what `study.final --study` retrains):", "", "```yaml", text.rstrip(), "```", ""]
+    return [
+        Paragraph((f"{which} (", Code("best_config.yaml"), ", what ", Code("study.final --study"), " retrains):")),
+        Preformatted(text.rstrip(), "yaml"),
+    ]
 
 
 def selection_of(client, parent, out: Path) -> dict[str, Any] | None:
@@ -292,17 +383,17 @@ def _optuna_study(parent):
     return optuna.load_study(study_name=parent.data.tags.get("study_name"), storage=open_storage(parent.data.params.get("optuna_storage")))
 
 
-def importances(client, parent, out: Path) -> list[str]:
+def importances(client, parent, out: Path) -> list[Block]:
     """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
     import optuna
 
-    lines = ["## Parameter importances", ""]
+    blocks: list[Block] = [Heading(2, "Parameter importances")]
     try:
         study = _optuna_study(parent)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
             values = optuna.importance.get_param_importances(study)
-        lines += ["| parameter | importance |", "|---|---|", *(f"| {k} | {v:.3f} |" for k, v in values.items()), ""]
+        blocks.append(Table(("parameter", "importance"), tuple((k, f"{v:.3f}") for k, v in values.items())))
         path = optuna_plot(
             out / "param_importances.png", "parameter importances", lambda: optuna.visualization.matplotlib.plot_param_importances(study)
         )
@@ -311,9 +402,9 @@ def importances(client, parent, out: Path) -> list[str]:
         try:
             path = Path(client.download_artifacts(parent.info.run_id, "param_importances.png", str(out)))
         except Exception:
-            return [*lines, f"(parameter importances unavailable: {detail})", ""]
-        lines += [f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)", ""]
-    return [*lines, f"![parameter importances]({path.name})", ""]
+            return [*blocks, Paragraph(f"(parameter importances unavailable: {detail})")]
+        blocks.append(Paragraph(f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)"))
+    return [*blocks, Image(path, "parameter importances")]
 
 
 def _mark(steps: list[float]) -> float | tuple[float, float]:
@@ -360,13 +451,13 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
 
 def learning_curves(
     histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, out: Path, marks: dict | None = None
-) -> list[str]:
+) -> list[Block]:
     title = f"{metric} against epoch, all {len(histories)} trials"
     path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states, marks=marks)
-    return ["## Validation metric against epoch", "", f"![learning curves]({path.name})", ""]
+    return [Heading(2, "Validation metric against epoch"), Image(path, "learning curves")]
 
 
-def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict[int, float]], metric: str, out: Path) -> list[str]:
+def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict[int, float]], metric: str, out: Path) -> list[Block]:
     """The complete trials' parameters and ``metric`` as parallel coordinates, each trial on the axes of the parameters it had.
 
     From the Optuna study (a trial's params are the ones it sampled, so a conditional parameter
@@ -395,11 +486,11 @@ def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict
             values.append(list(histories[key].values())[-1])
     varying = {name for name in {n for row in rows for n in row} if len({str(row.get(name)) for row in rows}) > 1}
     rows = [{k: v for k, v in row.items() if k in varying} for row in rows]
-    lines = ["## Parallel coordinates", ""]
+    heading = Heading(2, "Parallel coordinates")
     if len(rows) < 2 or not varying:
-        return [*lines, "(fewer than two complete trials, or no parameter that varies)", ""]
+        return [heading, Paragraph("(fewer than two complete trials, or no parameter that varies)")]
     path = plots.parallel_coordinates(rows, values, out / "parallel_coordinates.png", metric=metric, log_params=log_params, choices=choices)
-    return [*lines, f"![parallel coordinates]({path.name})", ""]
+    return [heading, Image(path, "parallel coordinates")]
 
 
 def _param_value(text: str) -> Any:
@@ -428,7 +519,7 @@ def finished_schedules(client, trials: list, histories: dict[str, dict[int, floa
 
 def early_stopping(
     parent, histories: dict[str, dict[int, float]], metric: str, ends: dict[str, dict[int, float]] | None = None
-) -> list[str]:
+) -> list[Block]:
     """Is early stopping trustworthy: the Spearman correlation of each rung's ranking with the full budget's.
 
     ``ends`` (studies with budget-aware rungs): the value of each finished schedule, read at its budget instead of an epoch.
@@ -443,32 +534,40 @@ def early_stopping(
             curves = [[e.get(b, float("nan")) for b in range(1, max_epochs + 1)] for e in ends.values() if max_epochs in e]
         correlation = rung_rank_correlation(curves, rungs, max_epochs)
     at = "the end of each rung's schedule" if ends is not None else "each ASHA rung"
-    lines = [
-        "## Is early stopping trustworthy here?",
-        "",
-        f"Spearman rank correlation between {metric} at {at} and at epoch {max_epochs}, over the trials that ran every epoch "
-        "(few trials reach the end under early stopping, so read it with its n):",
-        "",
-        "| rung (epoch) | Spearman rho | trials |",
-        "|---|---|---|",
+    rows = tuple((f"{rung}", f"{row['spearman']:.3f}", f"{row['n']}") for rung, row in correlation.items())
+    return [
+        Heading(2, "Is early stopping trustworthy here?"),
+        Paragraph(
+            f"Spearman rank correlation between {metric} at {at} and at epoch {max_epochs}, over the trials that ran every epoch "
+            "(few trials reach the end under early stopping, so read it with its n):"
+        ),
+        Table(("rung (epoch)", "Spearman rho", "trials"), rows or (("-", "-", "-"),)),
     ]
-    lines += [f"| {rung} | {row['spearman']:.3f} | {row['n']} |" for rung, row in correlation.items()] or ["| - | - | - |"]
-    return [*lines, ""]
 
 
-def study_finals(client, parent, out: Path) -> list[str]:
+def study_finals(client, parent, out: Path) -> list[Block]:
     """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
     name = parent.data.tags["study_name"]
     finals = _final_seed_runs(client, parent, max_results=1000)
-    lines = ["## Final model on the test classes (study.final --study)", ""]
+    heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
-        return [*lines, f"(none yet: `python -m study.final --study {name}`)", ""]
+        return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
     column = f"best config of {name}"
-    lines += [paper_table({column: [_seed_metrics(r) for r in finals]}), ""]
-    return [*lines, "### Embedding diagnostics", "", *final_diagnostics(client, {column: finals}, out)]
+    return [
+        heading,
+        *paper_table({column: [_seed_metrics(r) for r in finals]}),
+        Heading(3, "Embedding diagnostics"),
+        *final_diagnostics(client, {column: finals}, out),
+    ]
 
 
 def study_report(client, parent, out: Path, top: int) -> list[str]:
+    """The lines of a study's report.md."""
+    return markdown(study_sections(client, parent, out, top)).splitlines()
+
+
+def study_sections(client, parent, out: Path, top: int) -> list[Block]:
+    """The blocks of a study's report, its PNGs written into ``out``."""
     params = parent.data.params
     metric, mode = params.get("metric", "val_recall_at_1"), params.get("mode", "max")
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
@@ -493,50 +592,59 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
 # -- sections about final runs ---------------------------------------------------------------------------------------
 
 
-def pair_similarity_table(groups: dict[str, list], proxy: dict[str, dict[int, float]]) -> list[str]:
+def pair_similarity_table(groups: dict[str, list], proxy: dict[str, dict[int, float]]) -> list[Block]:
     """Per configuration: mean positive / negative pair cosine, their gap, the last mean-proxy norm, time per seed."""
-    lines = [
-        "| configuration | positive pair cosine (mean) | negative pair cosine (mean) | gap | final mean-proxy norm | time per seed |",
-        "|---|---|---|---|---|---|",
-    ]
+    header = (
+        "configuration",
+        "positive pair cosine (mean)",
+        "negative pair cosine (mean)",
+        "gap",
+        "final mean-proxy norm",
+        "time per seed",
+    )
+    rows = []
     for conf, runs in groups.items():
         m = [r.data.metrics for r in runs]
         pos = np.mean([x["test_positive_similarity_mean"] for x in m if "test_positive_similarity_mean" in x] or [np.nan])
         neg = np.mean([x["test_negative_similarity_mean"] for x in m if "test_negative_similarity_mean" in x] or [np.nan])
         norm = f"{list(proxy[conf].values())[-1]:.3f}" if proxy.get(conf) else "-"
         seconds = np.mean([x.get("time/total_s", x.get("time_total_s", np.nan)) for x in m])  # the second: records before the rename
-        lines.append(f"| {conf} | {pos:.3f} | {neg:.3f} | {pos - neg:.3f} | {norm} | {seconds:.0f} s |")
-    return [*lines, ""]
+        rows.append((conf, f"{pos:.3f}", f"{neg:.3f}", f"{pos - neg:.3f}", norm, f"{seconds:.0f} s"))
+    return [Table(header, tuple(rows))]
 
 
-def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[str]:
+def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[Block]:
     """The pair-similarity histogram of each configuration's first seed, as study.final logged it."""
-    lines = []
+    blocks: list[Block] = []
     for conf, runs in groups.items():
         first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
         names = [a.path for a in client.list_artifacts(first.info.run_id) if a.path.startswith("similarity_histogram")]
         if names:
             target = out / f"similarity_{_slug(conf)}.png"
             Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
-            lines += [f"{conf} (seed {first.data.tags.get('seed')}): ![pair similarities]({target.name})", ""]
-    return lines
+            blocks.append(Image(target, "pair similarities", caption=f"{conf} (seed {first.data.tags.get('seed')}):"))
+    return blocks
 
 
-def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[str]:
+def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[Block]:
     """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
     proxy = {  # mean_proxy_norm: its name in records written before the train_ prefix
         conf: _mean_over_seeds(client, runs, "train_mean_proxy_norm") or _mean_over_seeds(client, runs, "mean_proxy_norm")
         for conf, runs in groups.items()
     }
     proxy = {conf: values for conf, values in proxy.items() if values}
-    lines = pair_similarity_table(groups, proxy)
     if proxy:
         title = "mean-proxy norm over training (mean over seeds)"
         path = plots.curves(proxy, out / "mean_proxy_norm.png", ylabel="mean-proxy norm ||mean of class weights||", title=title)
-        lines += [f"![mean-proxy norm]({path.name})", ""]
+        norm: Block = Image(path, "mean-proxy norm")
     else:
-        lines += ["(no softmax-family run: the mean-proxy norm is not defined for ICE)", ""]
-    return lines + similarity_histograms(client, groups, out) + embedding_pictures(client, groups, out)
+        norm = Paragraph("(no softmax-family run: the mean-proxy norm is not defined for ICE)")
+    return [
+        *pair_similarity_table(groups, proxy),
+        norm,
+        *similarity_histograms(client, groups, out),
+        *embedding_pictures(client, groups, out),
+    ]
 
 
 PICTURES = (  # artifacts of a study.final seed run: (file name prefix, what it shows)
@@ -545,9 +653,9 @@ PICTURES = (  # artifacts of a study.final seed run: (file name prefix, what it 
 )
 
 
-def embedding_pictures(client, groups: dict[str, list], out: Path) -> list[str]:
+def embedding_pictures(client, groups: dict[str, list], out: Path) -> list[Block]:
     """The retrieval grid and the t-SNE map that study.final logged for each configuration's first seed."""
-    lines = []
+    blocks: list[Block] = []
     for conf, runs in groups.items():
         first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
         logged = [a.path for a in client.list_artifacts(first.info.run_id)]
@@ -556,11 +664,11 @@ def embedding_pictures(client, groups: dict[str, list], out: Path) -> list[str]:
             if names:
                 target = out / f"{prefix}_{_slug(conf)}.png"
                 Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
-                lines += [f"{conf} (seed {first.data.tags.get('seed')}), {caption}:", "", f"![{prefix}]({target.name})", ""]
-    return lines
+                blocks += [Paragraph(f"{conf} (seed {first.data.tags.get('seed')}), {caption}:"), Image(target, prefix)]
+    return blocks
 
 
-def grid_report(client, parent, out: Path) -> list[str]:
+def grid_report(client, parent, out: Path) -> list[Block]:
     tags = parent.data.tags
     seeds = _final_seed_runs(client, parent)
     groups: dict[str, list] = {}
@@ -574,42 +682,113 @@ def grid_report(client, parent, out: Path) -> list[str]:
         ylabel="train loss",
         title="training loss (mean over seeds)",
     )
+    finished = sum(r.info.status == "FINISHED" for r in seeds)
+    epochs = ", ".join(sorted({r.data.params.get("epochs", "?") for r in seeds}))
     return [
-        f"# {tags['study_name']}: final runs on the test classes",
-        "",
-        f"- space: `{tags.get('space')}`, {tags.get('configurations', len(groups))} configurations, status {parent.info.status}",
-        f"- {len(seeds)} seed runs ({sum(r.info.status == 'FINISHED' for r in seeds)} finished); epochs per run: "
-        + ", ".join(sorted({r.data.params.get("epochs", "?") for r in seeds})),
-        "",
-        "## Test metrics (the papers' table layout)",
-        "",
-        paper_table({conf: [_seed_metrics(r) for r in runs] for conf, runs in groups.items()}),
-        "",
-        "## Training loss against epoch (mean over seeds)",
-        "",
-        f"![training loss]({path.name})",
-        "",
-        "## Embedding diagnostics",
-        "",
+        Heading(1, f"{tags['study_name']}: final runs on the test classes"),
+        Bullets(
+            (
+                (
+                    "space: ",
+                    Code(f"{tags.get('space')}"),
+                    f", {tags.get('configurations', len(groups))} configurations, status {parent.info.status}",
+                ),
+                f"{len(seeds)} seed runs ({finished} finished); epochs per run: {epochs}",
+            )
+        ),
+        Heading(2, "Test metrics (the papers' table layout)"),
+        *paper_table({conf: [_seed_metrics(r) for r in runs] for conf, runs in groups.items()}),
+        Heading(2, "Training loss against epoch (mean over seeds)"),
+        Image(path, "training loss"),
+        Heading(2, "Embedding diagnostics"),
         *final_diagnostics(client, groups, out),
     ]
 
 
 def write_report(client, parent, out: Path, top: int = 10) -> Path:
+    """report.md and report.html of ``parent`` (a study or a grid of final runs) with their PNGs, in the folder ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     if parent.data.tags.get("kind") == "study":
-        lines = study_report(client, parent, out, top)
+        blocks = study_sections(client, parent, out, top)
     else:
-        lines = grid_report(client, parent, out)
+        blocks = grid_report(client, parent, out)
     shutil.rmtree(out / "tmp", ignore_errors=True)
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(markdown(blocks))
     title = parent.data.tags.get("study_name", "report")
-    (out / "report.html").write_text(markdown_html("\n".join(lines), out, title=f"study.report: {title}"))
+    (out / "report.html").write_text(html_page(blocks, out, title=f"study.report: {title}"))
     return path
 
 
-# -- report.html: the same report, one self-contained file ---------------------------------------------------------------
+# -- report.md and report.html: the blocks rendered ----------------------------------------------------------------------
+
+# Markdown's characters that could start a link or an image ([ ]), inline HTML or an autolink (< >), emphasis, code,
+# strikethrough, math, an entity, a table's cell (|) or a heading's end (#). With [ and ] escaped, ! ( ) start nothing.
+MD_SPECIAL = frozenset("\\`*[]<>|#~$&")
+
+
+def md_text(text: str) -> str:
+    """``text`` as Markdown that reads as ``text``, on one line: the characters that would be markup escaped with a backslash.
+
+    An ``_`` between two letters or digits is left alone (it can neither open nor close emphasis), so names like
+    ``trial_0`` stay readable.
+    """
+    text = " ".join(text.splitlines())  # a line break would end a table's row or start a block
+
+    def escaped(i: int, c: str) -> str:
+        inside_word = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+        return "\\" + c if c in MD_SPECIAL or (c == "_" and not inside_word) else c
+
+    return "".join(escaped(i, c) for i, c in enumerate(text))
+
+
+def _fence(text: str, least: int) -> str:
+    """Backticks that open and close ``text`` as code: more than the longest run of backticks in it."""
+    return "`" * max(least, 1 + max(map(len, re.findall("`+", text)), default=0))
+
+
+def _md_line(text: str) -> str:
+    """Inline Markdown that starts a line (a paragraph, a list item), kept from starting a list or an indented code block."""
+    return re.sub(r"^(?:[-+]|\d{1,9}[.)])", lambda m: m[0][:-1] + "\\" + m[0][-1], text.lstrip(" \t"))
+
+
+def _md_inline(text: Inline, in_table: bool = False) -> str:
+    if isinstance(text, tuple):
+        return "".join(_md_inline(part, in_table) for part in text)
+    if isinstance(text, Strong):
+        return f"**{md_text(text.text)}**"
+    if isinstance(text, Code):  # no escapes inside a code span: its fence is longer than any run of backticks in it
+        body = " ".join(text.text.splitlines())
+        fence = _fence(body, 1)
+        pad = " " if body[:1] in ("`", " ") or body[-1:] in ("`", " ") else ""
+        return fence + pad + (body.replace("|", "\\|") if in_table else body) + pad + fence
+    return md_text(str(text))
+
+
+def _md_block(block: Block) -> str:
+    match block:
+        case Heading(level, text):
+            return "#" * level + " " + _md_inline(text)
+        case Paragraph(text):
+            return _md_line(_md_inline(text))
+        case Bullets(items):
+            return "\n".join("- " + _md_line(_md_inline(item)) for item in items)
+        case Table(header, rows):
+            lines = ["| " + " | ".join(_md_inline(cell, in_table=True) for cell in row) + " |" for row in (header, *rows)]
+            return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
+        case Preformatted(text, language):
+            fence = _fence(text, 3)
+            return f"{fence}{language}\n{text}\n{fence}"
+        case Image(path, alt, caption):
+            image = f"![{md_text(alt)}]({path.name})"
+            return _md_line(f"{_md_inline(caption)} {image}") if caption else image
+    raise TypeError(f"not a block of the report: {block!r}")
+
+
+def markdown(blocks: list[Block]) -> str:
+    """report.md: the blocks in Markdown (GitHub's, with tables), a blank line between two."""
+    return "\n\n".join(map(_md_block, blocks)) + "\n"
+
 
 HTML_STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 1.5em auto; padding: 0 1em;
@@ -624,81 +803,61 @@ pre code { background: none; padding: 0; }
 img { max-width: 100%; height: auto; border: 1px solid #e1e4e8; margin: 0.3em 0; }
 """
 
-
-def _inline(text: str, folder: Path) -> str:
-    """Markdown inline syntax of the report (code, bold, images of ``folder`` embedded as base64) as HTML."""
-    import base64
-    import html
-
-    parts = re.split(r"(`[^`]*`)", text)
-    out = []
-    for part in parts:
-        if part.startswith("`") and part.endswith("`") and len(part) >= 2:
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-            continue
-        piece = html.escape(part, quote=False)
-        piece = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", piece)
-
-        def image(match: re.Match) -> str:
-            alt, name = match.group(1), match.group(2)
-            file = folder / name
-            if not file.is_file():
-                return f"[missing image {html.escape(name)}]"
-            data = base64.b64encode(file.read_bytes()).decode("ascii")
-            return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-        out.append(re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, piece))
-    return "".join(out)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def markdown_html(text: str, folder: Path, title: str) -> str:
-    """The report's Markdown (headings, paragraphs, lists, tables, code blocks, images) as one self-contained HTML page.
+def _html_inline(text: Inline) -> str:
+    if isinstance(text, tuple):
+        return "".join(map(_html_inline, text))
+    if isinstance(text, Strong):
+        return f"<strong>{html.escape(text.text)}</strong>"
+    if isinstance(text, Code):
+        return f"<code>{html.escape(text.text)}</code>"
+    return html.escape(str(text))
 
-    Images are read from ``folder`` and embedded as data: URIs, so the page needs no other file and
-    renders in MLflow's artifact viewer; nothing is fetched and no script runs.
+
+def _html_row(cells: tuple[Inline, ...], tag: str) -> str:
+    return "<tr>" + "".join(f"<{tag}>{_html_inline(cell)}</{tag}>" for cell in cells) + "</tr>"
+
+
+def _embedded_png(path: Path, alt: str, folder: Path) -> str:
+    """``path`` as an <img> that holds its bytes (a data: URI), if it is a PNG file directly inside ``folder``, else a note.
+
+    ``folder`` is the report's own: a link, a file elsewhere or one that is not a PNG is never read into the page.
     """
-    import html
+    inside = path.parent.resolve() == folder.resolve() and not path.is_symlink() and path.is_file()
+    data = path.read_bytes() if inside else b""
+    if not data.startswith(PNG_SIGNATURE):
+        return f"[missing image {html.escape(path.name)}]"
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
 
-    body: list[str] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("```"):
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
-            body.append("<pre><code>" + html.escape("\n".join(lines[i + 1 : end])) + "</code></pre>")
-            i = end + 1
-        elif heading := re.match(r"(#{1,6}) (.*)", line):
-            level = len(heading.group(1))
-            body.append(f"<h{level}>{_inline(heading.group(2), folder)}</h{level}>")
-            i += 1
-        elif line.startswith("|"):
-            block = []
-            while i < len(lines) and lines[i].startswith("|"):
-                block.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
-                i += 1
-            rows = [row for row in block if not all(re.fullmatch(r":?-+:?", c) for c in row)]
-            head, *rest = rows
-            table = ["<table>", "<tr>" + "".join(f"<th>{_inline(c, folder)}</th>" for c in head) + "</tr>"]
-            table += ["<tr>" + "".join(f"<td>{_inline(c, folder)}</td>" for c in row) + "</tr>" for row in rest]
-            body.append("\n".join([*table, "</table>"]))
-        elif line.startswith("- "):
-            items = []
-            while i < len(lines) and lines[i].startswith("- "):
-                items.append(f"<li>{_inline(lines[i][2:], folder)}</li>")
-                i += 1
-            body.append("<ul>" + "".join(items) + "</ul>")
-        elif line.strip():
-            paragraph = []
-            while i < len(lines) and lines[i].strip() and not re.match(r"(#{1,6} |\||- |```)", lines[i]):
-                paragraph.append(lines[i])
-                i += 1
-            body.append("<p>" + _inline(" ".join(paragraph), folder) + "</p>")
-        else:
-            i += 1
+
+def _html_block(block: Block, folder: Path) -> str:
+    match block:
+        case Heading(level, text):
+            return f"<h{level}>{_html_inline(text)}</h{level}>"
+        case Paragraph(text):
+            return f"<p>{_html_inline(text)}</p>"
+        case Bullets(items):
+            return "<ul>" + "".join(f"<li>{_html_inline(item)}</li>" for item in items) + "</ul>"
+        case Table(header, rows):
+            return "\n".join(["<table>", _html_row(header, "th"), *(_html_row(row, "td") for row in rows), "</table>"])
+        case Preformatted(text):
+            return f"<pre><code>{html.escape(text)}</code></pre>"
+        case Image(path, alt, caption):
+            return "<p>" + (_html_inline(caption) + " " if caption else "") + _embedded_png(path, alt, folder) + "</p>"
+    raise TypeError(f"not a block of the report: {block!r}")
+
+
+def html_page(blocks: list[Block], folder: Path, title: str) -> str:
+    """report.html: the blocks as one self-contained page, its images (PNGs of ``folder``) embedded as data: URIs.
+
+    The page needs no other file and renders in MLflow's artifact viewer; nothing is fetched and no script runs.
+    """
+    body = "\n".join(_html_block(block, folder) for block in blocks)
     return (
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-        f"<style>{HTML_STYLE}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
+        f"<style>{HTML_STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
     )
 
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from study import final, report
-from study.report import asha_rungs, paper_table, rung_rank_correlation
+from study.report import asha_rungs, markdown, paper_table, rung_rank_correlation
 from study.search import open_storage
 
 
@@ -142,7 +142,7 @@ def test_paper_table_layout_mean_std_and_bold():
         recall_at_8=[0.99, 0.99, 0.99],  # 99.0 +- 0.0
         map_at_r=[0.30, 0.30, 0.30],  # 30.0 +- 0.0
     )
-    text = paper_table({"SM": a, "HBN": b})
+    text = markdown(paper_table({"SM": a, "HBN": b}))
     lines = text.splitlines()
     assert [c.strip() for c in lines[0].strip("|").split("|")][1:] == ["SM", "HBN"]
     rows = table_rows(text)
@@ -158,10 +158,10 @@ def test_paper_table_layout_mean_std_and_bold():
 
 def test_paper_table_single_column_and_missing_metric():
     only = [{"test_recall_at_1": 0.5}, {"test_recall_at_1": 0.7}]  # 60.0; deviations -10 10 -> var 200 -> std 14.1
-    rows = table_rows(paper_table({"best": only}))
+    rows = table_rows(markdown(paper_table({"best": only})))
     assert rows["R@1"] == ["60.0 ± 14.1"]  # one column: nothing to bold
     assert rows["NMI"] == rows["MAP@R"] == ["-"]
-    one = table_rows(paper_table({"a": [{"test_recall_at_1": 0.5}], "b": [{"test_recall_at_1": 0.7}, {"test_recall_at_1": 0.5}]}))
+    one = table_rows(markdown(paper_table({"a": [{"test_recall_at_1": 0.5}], "b": [{"test_recall_at_1": 0.7}, {"test_recall_at_1": 0.5}]})))
     assert one["R@1"] == ["50.0 (n = 1)", "**60.0 ± 14.1**"]  # one seed: no spread to show
 
 
@@ -190,14 +190,18 @@ STUDY_CURVES = {  # trial -> (val_recall_at_1 per epoch, final state, lr)
 }
 
 
-def write_study_records(tmp_path, storage: str):
-    """A study's parent run and trial runs as study.launch leaves them, and its Optuna study; returns the tracking URI."""
+def write_study_records(tmp_path, storage: str, parent_params: dict[str, str] | None = None, notes: dict[str, str] | None = None):
+    """A study's parent run and trial runs as study.launch leaves them, and its Optuna study; returns the tracking URI.
+
+    ``parent_params`` are logged to the parent run besides the usual ones; ``notes``: a ``note`` param of the trials it names.
+    """
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(experiment, run_name="hand", tags={"study_name": "hand", "kind": "study"}).info.run_id
     params = {"metric": "val_recall_at_1", "mode": "max", "epochs": 3, "grace_period": 1, "reduction_factor": 3, "num_samples": 5}
-    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in {**params, "optuna_storage": storage}.items()])
+    params = {**params, "optuna_storage": storage, **(parent_params or {})}
+    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
     client.log_metric(parent, "n_complete", 4)
     client.set_terminated(parent, "FINISHED")
     study = optuna.create_study(study_name="hand", direction="maximize", storage=open_storage(storage))
@@ -205,6 +209,8 @@ def write_study_records(tmp_path, storage: str):
         tags = {"mlflow.parentRunId": parent, "kind": "trial", "trial_id": name, "optuna_state": state}
         run = client.create_run(experiment, run_name=name, tags=tags).info.run_id
         client.log_param(run, "lr", lr)
+        if name in (notes or {}):
+            client.log_param(run, "note", notes[name])
         for epoch, value in enumerate(curve, start=1):
             client.log_metric(run, "val_recall_at_1", value, step=epoch)
         client.set_terminated(run, "FINISHED")

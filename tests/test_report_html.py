@@ -1,15 +1,18 @@
-"""Tests of what study.report shows people: report.html (self-contained, images embedded), the papers' table
-(bold where the printed mean is best, n = 1 for one seed), plots with integer epochs and marks, parallel
-coordinates without inactive parameters, and the retrieval grid / t-SNE pictures of final runs.
+"""Tests of what study.report shows people: report.md and report.html rendered from the same blocks (the page
+self-contained, its images embedded), the text read from MLflow shown as text in both and no file but the report's
+own PNGs embedded (issue 33), the papers' table (bold where the printed mean is best, n = 1 for one seed), plots
+with integer epochs and marks, parallel coordinates without inactive parameters, and the retrieval grid / t-SNE
+pictures of final runs.
 
 References: HTML parsed back with the standard library's html.parser; PNG bytes compared with the files;
-nearest neighbours and marks worked out by hand.
+Markdown escapes, nearest neighbours and marks worked out by hand (CommonMark and GitHub's tables for the escapes).
 """
 
 from __future__ import annotations
 
 import base64
 import re
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +22,21 @@ import numpy as np
 import pytest
 
 from study import plots, report
-from study.report import curve_marks, markdown_html, paper_table
+from study.report import (
+    Bullets,
+    Code,
+    Heading,
+    Image,
+    Paragraph,
+    Preformatted,
+    Strong,
+    Table,
+    curve_marks,
+    html_page,
+    markdown,
+    paper_table,
+)
+from tests.test_report import write_study_records
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"not really a picture, but bytes to compare"
 
@@ -74,11 +91,19 @@ def parse(text: str) -> Page:
 # -- report.html ---------------------------------------------------------------------------------------------------------
 
 
-def test_markdown_html_is_self_contained_with_the_images_embedded(tmp_path):
+def test_blocks_as_markdown_and_as_a_self_contained_html_page(tmp_path):
     (tmp_path / "curve.png").write_bytes(PNG)
-    text = "\n".join(
+    blocks = [
+        Heading(1, "Study x <1>"),
+        Bullets((("space: ", Code("default"), ", 4 trials"), "status: FINISHED")),
+        Table(("metric (%)", "A", "B"), (("R@1", Strong("72.0 ± 1.0"), "70.0 (n = 1)"),)),
+        Paragraph(("A paragraph with ", Strong("bold"), " and ", Code("code <b>"))),
+        Image(tmp_path / "curve.png", "the curve", caption="on its line:"),
+        Preformatted("loss: softmax  # **not bold** in code", "yaml"),
+    ]
+    assert markdown(blocks) == "\n".join(
         [
-            "# Study x <1>",
+            "# Study x \\<1\\>",
             "",
             "- space: `default`, 4 trials",
             "- status: FINISHED",
@@ -88,14 +113,16 @@ def test_markdown_html_is_self_contained_with_the_images_embedded(tmp_path):
             "| R@1 | **72.0 ± 1.0** | 70.0 (n = 1) |",
             "",
             "A paragraph with **bold** and `code <b>`",
-            "on two lines: ![the curve](curve.png)",
+            "",
+            "on its line: ![the curve](curve.png)",
             "",
             "```yaml",
             "loss: softmax  # **not bold** in code",
             "```",
+            "",
         ]
     )
-    html = markdown_html(text, tmp_path, title="t")
+    html = html_page(blocks, tmp_path, title="t")
     page = parse(html)
     assert page.tags.count("h1") == 1 and "Study x &lt;1&gt;" in html
     assert page.tags.count("li") == 2 and page.tags.count("pre") == 1
@@ -106,13 +133,58 @@ def test_markdown_html_is_self_contained_with_the_images_embedded(tmp_path):
     assert len(page.images) == 1 and page.images[0].startswith("data:image/png;base64,")
     assert base64.b64decode(page.images[0].split(",", 1)[1]) == PNG
     assert page.links == [] and "<script" not in html
-    assert "![" not in html and "**bold**" not in html.split("<pre>")[0]
 
 
-def test_markdown_html_names_a_missing_image(tmp_path):
-    page = parse(markdown_html("![gone](nothing.png)", tmp_path, title="t"))
-    assert page.images == []
-    assert "[missing image nothing.png]" in markdown_html("![gone](nothing.png)", tmp_path, title="t")
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("![pw](/etc/passwd)", "!\\[pw\\](/etc/passwd)"),  # with [ ] escaped, ! ( ) start nothing
+        ("a|b", "a\\|b"),
+        ("<script>alert(1)</script>", "\\<script\\>alert(1)\\</script\\>"),
+        ("trial_0 lr_max", "trial_0 lr_max"),  # _ between letters or digits neither opens nor closes emphasis
+        ("_x_ *y* `z` ~~w~~", "\\_x\\_ \\*y\\* \\`z\\` \\~\\~w\\~\\~"),
+        ("two\nlines\r\nthree", "two lines three"),
+        ("C:\\runs #1 $x$ &amp;", "C:\\\\runs \\#1 \\$x\\$ \\&amp;"),
+    ],
+)
+def test_md_text_escapes_what_markdown_reads_as_markup(text, shown):
+    assert report.md_text(text) == shown
+
+
+def test_markdown_keeps_text_from_starting_blocks_and_code_whole():
+    blocks = [
+        Paragraph("- not a list"),
+        Paragraph("1. nor this"),
+        Bullets(("+ x", "    no code block")),
+        Paragraph(("run ", Code("a `tick` b"))),
+        Table(("a|b",), ((Code("x|y"),),)),
+        Preformatted("```\nnot the end\n```", "yaml"),
+    ]
+    assert markdown(blocks).split("\n\n") == [
+        "\\- not a list",
+        "1\\. nor this",
+        "- \\+ x\n- no code block",
+        "run ``a `tick` b``",  # a fence longer than the backticks inside
+        "| a\\|b |\n|---|\n| `x\\|y` |",  # GitHub's tables read \| as the cell's pipe, in code too
+        "````yaml\n```\nnot the end\n```\n````\n",
+    ]
+    with pytest.raises(ValueError, match="rows of \\[2\\] cells under a header of 1"):
+        Table(("a",), (("1", "2"),))
+
+
+def test_html_page_embeds_only_pngs_in_the_reports_folder(tmp_path):
+    folder = tmp_path / "report"
+    folder.mkdir()
+    (folder / "own.png").write_bytes(PNG)
+    (tmp_path / "elsewhere.png").write_bytes(PNG + b" elsewhere")
+    (folder / "link.png").symlink_to(tmp_path / "elsewhere.png")
+    (folder / "text.png").write_text("root:x:0:0")
+    names = ("own.png", "gone.png", "link.png", "text.png")
+    html = html_page([*(Image(folder / name, name) for name in names), Image(tmp_path / "elsewhere.png", "up")], folder, title="t")
+    assert [base64.b64decode(src.split(",", 1)[1]) for src in parse(html).images] == [PNG]
+    assert all(f"[missing image {name}]" in html for name in ("gone.png", "link.png", "text.png", "elsewhere.png"))
+    with pytest.raises(ValueError, match="expected a PNG the report named"):
+        Image(Path("/etc/passwd"), "pw")
 
 
 # -- the papers' table ------------------------------------------------------------------------------------------------------
@@ -124,8 +196,9 @@ def test_paper_table_bold_is_the_best_printed_mean_and_one_seed_reads_n_1(tmp_pa
         "B": [{"test_recall_at_1": 0.7204, "test_nmi": 0.60}],  # one seed, R@1 72.04
         "C": [{"test_recall_at_1": 0.6000, "test_nmi": 0.40}, {"test_recall_at_1": 0.6200, "test_nmi": 0.40}],
     }
-    text = paper_table(columns)
-    page = parse(markdown_html(text, tmp_path, title="t"))
+    blocks = paper_table(columns)
+    text = markdown(blocks)
+    page = parse(html_page(blocks, tmp_path, title="t"))
     rows = {row[0]: row[1:] for row in page.cells[1:]}
     # by hand: R@1 means 72.03 (A), 72.04 (B), 61.0 (C); printed with one decimal A and B both read 72.0, so both are
     # bold: the bold marks every cell whose printed mean is the best printed mean
@@ -143,7 +216,7 @@ def test_paper_table_bold_is_the_best_printed_mean_and_one_seed_reads_n_1(tmp_pa
 
 
 def test_paper_table_with_one_column_claims_no_bold():
-    text = paper_table({"only": [{"test_recall_at_1": 0.5}]})
+    text = markdown(paper_table({"only": [{"test_recall_at_1": 0.5}]}))
     assert "| R@1 | 50.0 (n = 1) |" in text and "**" not in text and "bold" not in text
 
 
@@ -255,20 +328,24 @@ def test_curve_marks_of_stock_asha_and_of_budget_rungs():
 # -- a grid report from hand-written records -----------------------------------------------------------------------------------
 
 
-def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
+def write_grid(tmp_path: Path, seeds: dict[str, list[int]]) -> tuple[str, dict[tuple[str, int, str], bytes]]:
+    """A grid of final runs "g" as study.final --space leaves it in MLflow, each seed run with a retrieval grid and a t-SNE map.
+
+    The first configuration leads R@1 by 5 points; returns the tracking URI and {(configuration, seed, picture): bytes}.
+    """
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("final", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(experiment, run_name="g", tags={"study_name": "g", "kind": "final_grid", "space": "g.yaml"}).info.run_id
     client.set_terminated(parent, "FINISHED")
     pictures = {}
-    for conf, seeds in (("PCA", [0]), ("FCR1", [0, 1])):
-        for seed in seeds:
+    for number, (conf, seed_list) in enumerate(seeds.items()):
+        for seed in seed_list:
             tags = {"mlflow.parentRunId": parent, "kind": "final_seed", "configuration": conf, "seed": str(seed)}
-            run = client.create_run(experiment, run_name=f"{conf}-{seed}", tags=tags).info.run_id
+            run = client.create_run(experiment, run_name=f"run-{number}-{seed}", tags=tags).info.run_id
             client.log_param(run, "epochs", "2")
-            client.log_metric(run, "time/total_s" if conf == "PCA" else "time_total_s", 100.0 + 2 * seed)  # the old name too
-            client.log_metric(run, "test_recall_at_1", 0.7 + 0.01 * seed + (0.05 if conf == "PCA" else 0))
+            client.log_metric(run, "time/total_s" if number == 0 else "time_total_s", 100.0 + 2 * seed)  # the old name too
+            client.log_metric(run, "test_recall_at_1", 0.7 + 0.01 * seed + (0.05 if number == 0 else 0))
             for step in (1, 2):
                 client.log_metric(run, "train_loss", 1.0 / step, step=step)
             for name in (f"retrieval_grid_seed{seed}.png", f"tsne_seed{seed}.png"):
@@ -279,6 +356,11 @@ def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
                 client.log_artifact(run, str(file))
                 pictures[(conf, seed, name.split("_seed")[0])] = data
             client.set_terminated(run, "FINISHED")
+    return uri, pictures
+
+
+def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
+    uri, pictures = write_grid(tmp_path, {"PCA": [0], "FCR1": [0, 1]})
     out = tmp_path / "report"
     assert report.main(["--study", "g", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
     html = (out / "report.html").read_text()
@@ -298,6 +380,85 @@ def test_grid_report_html_embeds_the_final_runs_pictures(tmp_path, runs):
     assert times == {"PCA": "100 s", "FCR1": "101 s"}  # per seed: 100; (100 + 102) / 2
     md = (out / "report.md").read_text()
     assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) and all(Path(out / n).is_file() for n in re.findall(r"\]\(([^)]+\.png)\)", md))
+
+
+# -- what MLflow holds is text: never markup, never a picture ---------------------------------------------------------------
+
+
+def hostile(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A file outside the report, and names a user may give a variant or a param: an image of that file, a pipe, a script.
+
+    The file is a PNG: where it lies, not what it holds, must keep it out of the report.
+    """
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(PNG + b" the secret")
+    return secret, [f"![pw]({secret})", "a|b", "<script>alert(1)</script>"]
+
+
+def md_tables(text: str) -> list[list[list[str]]]:
+    """report.md's tables as rows of cells, split at the pipes that are not escaped, escapes undone; |---| rows left out."""
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|"):
+            assert re.search(r"(?<!\\)\|$", line), line  # a row ends with a pipe of its own
+            cells = [re.sub(r"\\(.)", r"\1", c.strip()) for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            if not previous.startswith("|"):
+                tables.append([])
+            if not all(re.fullmatch(r"-+", c) for c in cells):
+                tables[-1].append(cells)
+        previous = line
+    return tables
+
+
+def assert_text_not_markup(out: Path, secret: Path) -> tuple[Page, list[list[list[str]]]]:
+    """report.html embeds PNGs the report wrote into ``out`` and no other file; report.md's tables keep their shape."""
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    page = parse(html)
+    written = {p.read_bytes() for p in out.glob("*.png")}
+    embedded = [base64.b64decode(src.split(",", 1)[1]) for src in page.images]
+    assert embedded and [data in written for data in embedded] == [True] * len(embedded)
+    assert base64.b64encode(secret.read_bytes()).decode() not in html
+    assert "<script" not in html and html_escape("<script>alert(1)</script>") in html
+    assert all((out / name).is_file() for name in re.findall(r"!\[[^\]]*\]\(([^)]*)\)", md))  # its only images: its own
+    assert "<script>" not in md
+    tables = md_tables(md)
+    for table in tables:
+        assert [len(row) for row in table] == [len(table[0])] * len(table), table
+    return page, tables
+
+
+def test_grid_names_are_text_and_only_the_reports_pictures_are_embedded(tmp_path, runs):
+    """Issue 33: a variant named ![pw](/etc/passwd) put that file, base64-encoded, into report.html (and MLflow)."""
+    secret, names = hostile(tmp_path)
+    names.append("a_b")  # "a|b" and "a_b": two configurations, two sets of pictures
+    uri, pictures = write_grid(tmp_path, {name: [0] for name in names})
+    out = tmp_path / "report"
+    assert report.main(["--study", "g", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    page, tables = assert_text_not_markup(out, secret)
+    embedded = [base64.b64decode(src.split(",", 1)[1]) for src in page.images]
+    assert len(embedded) == 1 + len(pictures) and set(pictures.values()) <= set(embedded)  # the training loss, and each picture
+    for rows in ([row for table in tables for row in table], page.cells):  # report.md, then report.html: the names as given
+        assert next(row for row in rows if row and row[0] == "metric (%)")[1:] == names
+        assert [row[0] for row in rows if len(row) == 6 and row[0] != "configuration"] == names  # pair similarities
+
+
+def test_study_params_are_text_and_only_the_reports_pictures_are_embedded(tmp_path, runs):
+    """The same for a study: trials' param values in the top-trials table, the parent run's params in the header."""
+    secret, names = hostile(tmp_path)
+    notes = dict(zip(("trial_0", "trial_1", "trial_2", "trial_3"), [*names, "two\nlines"]))
+    storage = f"journal:{tmp_path / 'optuna.log'}"
+    uri = write_study_records(tmp_path, storage, parent_params={"space": names[0], "sampler": names[2]}, notes=notes)
+    out = tmp_path / "report"
+    assert report.main(["--study", "hand", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    page, tables = assert_text_not_markup(out, secret)
+    shown = {key: " ".join(value.split()) for key, value in notes.items()}  # a newline would end the table's row
+    for rows in (next(t for t in tables if "note" in t[0]), page.cells):  # report.md, then report.html
+        header = next(row for row in rows if "note" in row)
+        at = header.index("note")
+        assert {row[0]: " ".join(row[at].split()) for row in rows if row[0] in notes} == shown
+    html = (out / "report.html").read_text()
+    assert f"<code>{html_escape(names[0])}</code>" in html  # the space, in the header
 
 
 @pytest.mark.parametrize("with_storage", [True, False])
@@ -373,7 +534,7 @@ def test_study_header_names_the_scheduler_the_study_ran(params, phrase):
         ),
         info=SimpleNamespace(status="FINISHED"),
     )
-    header = "\n".join(report.study_header(parent, "val_recall_at_1", "max"))
+    header = markdown(report.study_header(parent, "val_recall_at_1", "max"))
     assert phrase in header and ("ASHA" in phrase) == ("ASHA" in header)
 
 
@@ -387,8 +548,8 @@ def test_the_pick_section_names_the_confirmation_means_and_the_verdict():
         "lead_in_se": 0.5,
         "verdict": "within noise: the lead is 0.5 standard errors; the top candidates are equally good",
     }
-    lines = report.pick_section(record, {5: "trial-5-aa", 6: "trial-6-bb"})
-    text = "\n".join(lines)
+    text = markdown(report.pick_section(record, {5: "trial-5-aa", 6: "trial-6-bb"}))
+    lines = text.splitlines()
     assert "| trial-5-aa | 0.9750 ± 0.0009 | 0.9759, 0.9741 |" in lines
     assert "| trial-6-bb | 0.9694 ± 0.0102 | 0.9796, 0.9592 |" in lines
     assert "picked: trial-5-aa" in text and "within noise: the lead is 0.5 standard errors" in text
