@@ -9,6 +9,7 @@ The real Omniglot minimal split is checked too when the shared data folder (or
 from __future__ import annotations
 
 import io
+import logging
 import os
 import zipfile
 from pathlib import Path
@@ -161,26 +162,24 @@ def test_cub200_only_training_classes(tmp_path):
 CARS_CLASSES = (1, 2, 98, 99, 150, 196)
 
 
-def make_cars(root: Path, classes=CARS_CLASSES, per_class: int = 2) -> Path:
+def make_cars(root: Path, classes=CARS_CLASSES, per_class: int = 2, extra: tuple[tuple[str, int], ...] = ()) -> Path:
+    """Stanford Cars' layout; ``extra`` adds (relative path, class) rows after the standard ones."""
     base = root / "cars196"
     fields = ["relative_im_path", "bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2", "class", "test"]
-    n = len(classes) * per_class
-    table = np.zeros((1, n), dtype=[(f, object) for f in fields])
-    i = 0
-    for c in classes:
-        for _ in range(per_class):
-            rel = f"car_ims/{i + 1:06d}.jpg"
-            write_photo(base / rel, seed=100 + i)
-            table[0, i] = (
-                rel,
-                np.array([[1]], dtype=np.uint8),
-                np.array([[1]], dtype=np.uint8),
-                np.array([[11]], dtype=np.uint8),
-                np.array([[9]], dtype=np.uint8),
-                np.array([[c]], dtype=np.uint8),
-                np.array([[i % 2]], dtype=np.uint8),
-            )
-            i += 1
+    rows = [(f"car_ims/{i + 1:06d}.jpg", c) for i, c in enumerate(c for c in classes for _ in range(per_class))]
+    rows += extra
+    table = np.zeros((1, len(rows)), dtype=[(f, object) for f in fields])
+    for i, (rel, c) in enumerate(rows):
+        write_photo(base / rel, seed=100 + i)
+        table[0, i] = (
+            rel,
+            np.array([[1]], dtype=np.uint8),
+            np.array([[1]], dtype=np.uint8),
+            np.array([[11]], dtype=np.uint8),
+            np.array([[9]], dtype=np.uint8),
+            np.array([[c]], dtype=np.uint8),
+            np.array([[i % 2]], dtype=np.uint8),
+        )
     savemat(base / "cars_annos.mat", {"annotations": table})
     return base
 
@@ -647,6 +646,113 @@ def test_omniglot_zip_with_top_level_png(tmp_path):
         assert "images_background_small1.zip" in str(error)
     else:
         check_omniglot(splits)  # or the stray entry is skipped like other off-layout entries
+
+
+# -- hidden files and folders (names starting with '.') are never images of the dataset -------------------------------
+# Jupyter's .ipynb_checkpoints/ beside the class folders became a class of its own; macOS's ._name.jpg metadata files
+# are listed beside the images they describe and do not decode.
+
+
+def hidden_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "trainables.core.data" and "hidden" in r.getMessage()]
+
+
+def load_logged(caplog: pytest.LogCaptureFixture, name: str, root: Path) -> DatasetSplits:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trainables.core.data"):
+        return load_dataset(name, root)
+
+
+def assert_skipped(caplog: pytest.LogCaptureFixture, count: int, root: Path) -> None:
+    """One line for the load says how many hidden images it skipped, and under which data root."""
+    lines = hidden_lines(caplog)
+    assert len(lines) == 1, lines
+    assert f"skipped {count} hidden images" in lines[0] and str(root) in lines[0], lines[0]
+
+
+def test_folder_skips_hidden_files_and_folders(tmp_path, caplog):
+    make_folder(tmp_path)
+    load_logged(caplog, "folder", tmp_path)
+    assert hidden_lines(caplog) == []  # nothing hidden: nothing said
+    for k in range(3):
+        write_photo(tmp_path / "train" / ".ipynb_checkpoints" / f"{k}-checkpoint.png", seed=900 + k)
+    (tmp_path / "train" / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07 macOS metadata, not a PNG")
+    write_photo(tmp_path / "test" / ".Trash" / "0.png", seed=903)
+    (tmp_path / "test" / "fox" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")  # not an image: not counted
+    splits = load_logged(caplog, "folder", tmp_path)
+    assert class_names(splits.train) == ["cat", "dog", "eel"] and class_names(splits.test) == ["fox", "gnu"]
+    assert len(splits.train) == 6 and len(splits.test) == 4
+    assert not any("/." in path for path in splits.train.paths + splits.test.paths)
+    assert_skipped(caplog, 5, tmp_path)  # 3 checkpoints + ._0.png + .Trash/0.png
+
+
+OMNIGLOT_HIDDEN = {
+    "images_background_small1/.ipynb_checkpoints/character01/0001_01.png": glyph_png(901),  # alphabet '.ipynb_checkpoints'
+    "images_background_small1/Latin/.ipynb_checkpoints/0001_01-checkpoint.png": glyph_png(902),  # character of Latin
+    "images_background_small2/Tagalog/character01/._0001_01.png": b"\x00\x05\x16\x07 macOS metadata, not a PNG",
+}
+
+
+@pytest.mark.parametrize("extracted", [False, True], ids=["zips", "folders"])
+def test_omniglot_skips_hidden_files_and_folders(tmp_path, caplog, extracted):
+    base = make_omniglot(tmp_path, extracted=extracted)
+    for rel, data in OMNIGLOT_HIDDEN.items():
+        if extracted:
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_bytes(data)
+        else:
+            with zipfile.ZipFile(base / f"{rel.split('/')[0]}.zip", "a") as zf:
+                zf.writestr(rel, data)
+    check_omniglot(load_logged(caplog, "omniglot", tmp_path))
+    assert_skipped(caplog, 3, tmp_path)
+
+
+# cub200, cars196, sop and inshop list their images: a listed path through a hidden file or folder is skipped
+
+
+def list_hidden(base: Path, table: str, rows: dict[str, str], images: str = ".") -> None:
+    """Append ``rows`` ({image path below ``base/images``: its row}) to the list file ``base/table``; each image is readable."""
+    for seed, rel in enumerate(rows, start=910):
+        write_photo(base / images / rel, seed=seed)
+    with (base / table).open("a") as f:
+        f.write("".join(f"{row}\n" for row in rows.values()))
+
+
+def test_cub200_skips_listed_hidden_files(tmp_path, caplog):
+    cub = make_cub(tmp_path)
+    hidden = ("001.Bird_1/.ipynb_checkpoints/Bird_1_0000-checkpoint.jpg", "150.Bird_150/._Bird_150_0000.jpg")
+    list_hidden(cub, "images.txt", {hidden[0]: f"13 {hidden[0]}", hidden[1]: f"14 {hidden[1]}"}, images="images")
+    (cub / "image_class_labels.txt").write_text((cub / "image_class_labels.txt").read_text() + "13 1\n14 150\n")
+    splits = load_logged(caplog, "cub200", tmp_path)
+    assert (len(splits.train), len(splits.test)) == (6, 6)
+    assert_skipped(caplog, 2, tmp_path)
+
+
+def test_cars196_skips_listed_hidden_files(tmp_path, caplog):
+    make_cars(tmp_path, extra=(("car_ims/.ipynb_checkpoints/000001-checkpoint.jpg", 1), ("car_ims/._000012.jpg", 196)))
+    splits = load_logged(caplog, "cars196", tmp_path)
+    assert (len(splits.train), len(splits.test)) == (6, 6)
+    assert_skipped(caplog, 2, tmp_path)
+
+
+def test_sop_skips_listed_hidden_files(tmp_path, caplog):
+    rel = "bicycle_final/.ipynb_checkpoints/111085122871_0-checkpoint.JPG"
+    list_hidden(make_sop(tmp_path), "Ebay_train.txt", {rel: f"99 1 2 {rel}"})
+    splits = load_logged(caplog, "sop", tmp_path)
+    assert (len(splits.train), len(splits.test)) == (6, 4)
+    assert_skipped(caplog, 1, tmp_path)
+
+
+def test_inshop_skips_listed_hidden_files(tmp_path, caplog):
+    hidden = [
+        ("img/WOMEN/Dresses/id_00000002/.ipynb_checkpoints/02_1_front-checkpoint.jpg", "id_00000002", "train"),
+        ("img/MEN/Shirts_Polos/id_00000012/._02_1_front.jpg", "id_00000012", "query"),
+    ]
+    base = make_inshop(tmp_path, INSHOP_ROWS[:5] + hidden + INSHOP_ROWS[5:])
+    splits = load_logged(caplog, "inshop", tmp_path)
+    assert splits.train.paths == [str(base / rel) for rel, _, s in INSHOP_ROWS if s == "train"]
+    assert splits.test.paths == [str(base / rel) for rel, _, s in INSHOP_ROWS if s == "query"]
+    assert_skipped(caplog, 2, tmp_path)
 
 
 def shared_data_root() -> Path | None:

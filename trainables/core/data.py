@@ -23,6 +23,11 @@ environment variable) in their standard on-disk layouts:
   gallery.
 - ``folder``: ``<root>/{train,test}/<class>/<image>``: one sub-folder per class.
 - ``synthetic``: generated glyph-like images, for tests and smoke runs.
+
+Hidden files and folders (names starting with ``.``: Jupyter's
+``.ipynb_checkpoints/``, macOS's ``._name.jpg`` and ``.DS_Store``) are never
+images of a dataset: every layout skips an image with one on its path, and
+:func:`load_dataset` logs how many it skipped.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -106,6 +111,7 @@ class DatasetSplits:
     gallery: ImageSet | None = None  # query/gallery evaluation (In-shop): test holds the queries
     recall_ks: tuple[int, ...] = (1, 2, 4, 8)
     default_image_size: int = 224
+    skipped_hidden: int = 0  # images left out because a file or folder on their path is hidden (is_hidden)
 
 
 # What decoding a broken or hostile file raises: OSError (UnidentifiedImageError is one), a plugin's SyntaxError,
@@ -133,6 +139,17 @@ def read_image(path: str, kind: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- loaders
+def is_hidden(path: str) -> bool:
+    """Whether a path below a dataset's folder (``/``-separated) passes through a hidden file or folder, one named ``.*``."""
+    return any(part.startswith(".") and part not in (".", "..") for part in PurePosixPath(path).parts)
+
+
+def _visible(rows: list[list[str]], column: int) -> tuple[list[list[str]], int]:
+    """The rows of a list file whose path (``column``) is not :func:`is_hidden`, and how many were."""
+    kept = [row for row in rows if not is_hidden(row[column])]
+    return kept, len(rows) - len(kept)
+
+
 def _need(path: Path, what: str, folder: bool = False) -> Path:
     if not path.exists():
         raise DatasetError(f"{path}: not found; expected {what}")
@@ -157,10 +174,12 @@ def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...]
         base.mkdir(parents=True, exist_ok=True)
         log.info("downloading %s", OMNIGLOT_URL.format(name=name))
         urllib.request.urlretrieve(OMNIGLOT_URL.format(name=name), archive)
-    entries: list[tuple[str, str, Callable[[], bytes | str]]] = []
+    # (path below the set's folder, where, read, hidden)
+    entries: list[tuple[str, str, Callable[[], bytes | str], bool]] = []
     if folder.is_dir():
         for path in sorted(folder.glob("*/*/*.png")):
-            entries.append((str(path.relative_to(folder)), str(path), lambda p=path: str(p)))
+            rel = path.relative_to(folder).as_posix()
+            entries.append((rel, str(path), lambda p=path: str(p), is_hidden(rel)))
         zf = None
     else:
         try:
@@ -169,11 +188,14 @@ def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...]
             raise DatasetError(f"{archive}: not a readable zip file; expected Omniglot's {name}.zip") from None
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             if info.filename.endswith(".png") and "/" in info.filename:
-                rel = info.filename.split("/", 1)[1]
-                entries.append((rel, f"{archive}:{info.filename}", lambda i=info: zf.read(i)))
-    images, names = [], []
-    for rel, where, read in entries:
+                rel = info.filename.split("/", 1)[1]  # a hidden top folder (not the set's) hides its entries too
+                entries.append((rel, f"{archive}:{info.filename}", lambda i=info: zf.read(i), is_hidden(info.filename)))
+    images, names, skipped = [], [], 0
+    for rel, where, read, hidden in entries:
         parts = rel.split("/")
+        if hidden:
+            skipped += 1
+            continue
         if len(parts) != 3 or parts[0] in skip:
             continue
         images.append(_resize_gray(read(), image_size, where))
@@ -182,36 +204,36 @@ def _omniglot_part(base: Path, name: str, image_size: int, skip: tuple[str, ...]
         zf.close()
     if not images:
         raise DatasetError(f"{folder if folder.is_dir() else archive}: no <alphabet>/<character>/*.png images found")
-    return np.stack(images), names
+    return np.stack(images), names, skipped
 
 
 def load_omniglot(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
     base = root / "omniglot"
-    train_x, train_names = _omniglot_part(base, "images_background_small1", image_size, (), download)
+    train_x, train_names, train_hidden = _omniglot_part(base, "images_background_small1", image_size, (), download)
     train_alphabets = {n.split("/")[0] for n in train_names}
     skip = tuple(train_alphabets)  # Greek and Latin appear in both sets: keep the test classes unseen
-    test_x, test_names = _omniglot_part(base, "images_background_small2", image_size, skip, download)
+    test_x, test_names, test_hidden = _omniglot_part(base, "images_background_small2", image_size, skip, download)
     if {n.split("/")[0] for n in test_names} & train_alphabets:
         raise DatasetError(f"{base}: the test alphabets overlap the training alphabets")
-    return _from_names(train_x, train_names, test_x, test_names, "characters", (1, 2, 4, 8), 32)
+    return _from_names(train_x, train_names, test_x, test_names, "characters", (1, 2, 4, 8), 32, train_hidden + test_hidden)
 
 
-def _from_names(train_x, train_names, test_x, test_names, kind, ks, size) -> DatasetSplits:
+def _from_names(train_x, train_names, test_x, test_names, kind, ks, size, skipped) -> DatasetSplits:
     vocabulary = {name: i for i, name in enumerate(sorted(set(train_names) | set(test_names)))}
     names = {i: name for name, i in vocabulary.items()}
     train = ImageSet(np.array([vocabulary[n] for n in train_names], dtype=np.int64), kind, arrays=train_x, names=names)
     test = ImageSet(np.array([vocabulary[n] for n in test_names], dtype=np.int64), kind, arrays=test_x, names=names)
-    return DatasetSplits(train, test, recall_ks=ks, default_image_size=size)
+    return DatasetSplits(train, test, recall_ks=ks, default_image_size=size, skipped_hidden=skipped)
 
 
-def _split_by_class(paths: list[str], labels: list[int], first_test_class: int, ks) -> DatasetSplits:
+def _split_by_class(paths: list[str], labels: list[int], first_test_class: int, ks, skipped: int) -> DatasetSplits:
     labels_a = np.asarray(labels, dtype=np.int64)
     is_test = labels_a >= first_test_class
     train = ImageSet(labels_a[~is_test], "photos", paths=[p for p, t in zip(paths, is_test) if not t])
     test = ImageSet(labels_a[is_test], "photos", paths=[p for p, t in zip(paths, is_test) if t])
     if len(train) == 0 or len(test) == 0:
         raise DatasetError(f"{Path(paths[0]).parent if paths else 'dataset'}: expected images in both the train and the test classes")
-    return DatasetSplits(train, test, recall_ks=ks)
+    return DatasetSplits(train, test, recall_ks=ks, skipped_hidden=skipped)
 
 
 def _read_table(path: Path, columns: int, what: str, skip: int = 0) -> list[list[str]]:
@@ -237,14 +259,14 @@ def _int(value: str, path: Path, what: str) -> int:
 
 def load_cub200(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
     base = _need(root / "CUB_200_2011", "the CUB_200_2011 folder (images.txt, image_class_labels.txt, images/)")
-    images = _read_table(base / "images.txt", 2, "'<image id> <relative path>' per line")
+    images, skipped = _visible(_read_table(base / "images.txt", 2, "'<image id> <relative path>' per line"), 1)
     labels_rows = _read_table(base / "image_class_labels.txt", 2, "'<image id> <class id 1-200>' per line")
     label_of = {r[0]: _int(r[1], base / "image_class_labels.txt", "class id") for r in labels_rows}
     missing = [r[0] for r in images if r[0] not in label_of]
     if missing:
         raise DatasetError(f"{base / 'image_class_labels.txt'}: no label for image id {missing[0]} of images.txt")
     paths = [str(base / "images" / r[1]) for r in images]
-    return _split_by_class(paths, [label_of[r[0]] for r in images], 101, (1, 2, 4, 8))
+    return _split_by_class(paths, [label_of[r[0]] for r in images], 101, (1, 2, 4, 8), skipped)
 
 
 def load_cars196(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
@@ -254,25 +276,26 @@ def load_cars196(root: Path, image_size: int, download: bool = False) -> Dataset
     annos = _need(base / "cars_annos.mat", "Stanford Cars' cars_annos.mat")
     try:
         table = loadmat(annos)["annotations"][0]
-        paths = [str(base / str(a["relative_im_path"][0])) for a in table]
-        labels = [int(np.asarray(a["class"]).ravel()[0]) for a in table]
+        rows = [[str(a["relative_im_path"][0]), int(np.asarray(a["class"]).ravel()[0])] for a in table]
     except (KeyError, ValueError, IndexError, TypeError) as error:
         raise DatasetError(f"{annos}: expected an 'annotations' struct with relative_im_path and class ({error})") from None
-    return _split_by_class(paths, labels, 99, (1, 2, 4, 8))
+    rows, skipped = _visible(rows, 0)
+    return _split_by_class([str(base / rel) for rel, _ in rows], [label for _, label in rows], 99, (1, 2, 4, 8), skipped)
 
 
 def load_sop(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
     base = _need(root / "Stanford_Online_Products", "the Stanford_Online_Products folder (Ebay_train.txt, Ebay_test.txt)")
     what = "'image_id class_id super_class_id path' per line after a header"
-    sets = []
+    sets, skipped = [], 0
     for name in ("Ebay_train.txt", "Ebay_test.txt"):
-        rows = _read_table(base / name, 4, what, skip=1)
+        rows, hidden_rows = _visible(_read_table(base / name, 4, what, skip=1), 3)
+        skipped += hidden_rows
         labels = np.array([_int(r[1], base / name, "class_id") for r in rows], dtype=np.int64)
         sets.append(ImageSet(labels, "photos", paths=[str(base / r[3]) for r in rows]))
     train, test = sets
     if np.intersect1d(train.classes, test.classes).size:
         raise DatasetError(f"{base}: Ebay_train.txt and Ebay_test.txt share classes; expected class-disjoint splits")
-    return DatasetSplits(train, test, recall_ks=(1, 10, 100))
+    return DatasetSplits(train, test, recall_ks=(1, 10, 100), skipped_hidden=skipped)
 
 
 def load_inshop(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
@@ -282,9 +305,13 @@ def load_inshop(root: Path, image_size: int, download: bool = False) -> DatasetS
     items = sorted({r[1] for r in rows})
     index = {item: i for i, item in enumerate(items)}
     parts: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
+    skipped = 0
     for number, row in enumerate(rows, start=3):
         if row[2] not in parts:
             raise DatasetError(f"{table}:{number}: evaluation_status {row[2]!r}; expected train, query or gallery")
+        if is_hidden(row[0]):
+            skipped += 1
+            continue
         parts[row[2]][0].append(str(base / row[0]))
         parts[row[2]][1].append(index[row[1]])
     train, query, gallery = (
@@ -292,27 +319,31 @@ def load_inshop(root: Path, image_size: int, download: bool = False) -> DatasetS
     )
     if min(len(train), len(query), len(gallery)) == 0:
         raise DatasetError(f"{table}: expected train, query and gallery images")
-    return DatasetSplits(train, query, gallery=gallery, recall_ks=(1, 10, 20, 30))
+    return DatasetSplits(train, query, gallery=gallery, recall_ks=(1, 10, 20, 30), skipped_hidden=skipped)
 
 
-def _folder_set(folder: Path) -> tuple[list[str], list[str]]:
-    paths, names = [], []
+def _folder_set(folder: Path) -> tuple[list[str], list[str], int]:
+    """The images of ``folder``/<class>/ (paths, class names) and how many were :func:`is_hidden`."""
+    paths, names, skipped = [], [], 0
     for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
         for image in sorted(class_dir.iterdir()):
-            if image.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(str(image))
-                names.append(class_dir.name)
+            if image.suffix.lower() not in IMAGE_EXTENSIONS:
+                continue
+            if is_hidden(f"{class_dir.name}/{image.name}"):
+                skipped += 1
+                continue
+            paths.append(str(image))
+            names.append(class_dir.name)
     if not paths:
         raise DatasetError(f"{folder}: no images; expected one sub-folder per class holding {'/'.join(IMAGE_EXTENSIONS)} files")
-    return paths, names
+    return paths, names, skipped
 
 
 def load_folder(root: Path, image_size: int, download: bool = False) -> DatasetSplits:
     splits = []
     for part in ("train", "test"):
-        paths, names = _folder_set(_need(root / part, f"a {part}/ folder with one sub-folder per class", folder=True))
-        splits.append((paths, names))
-    (train_p, train_n), (test_p, test_n) = splits
+        splits.append(_folder_set(_need(root / part, f"a {part}/ folder with one sub-folder per class", folder=True)))
+    (train_p, train_n, train_hidden), (test_p, test_n, test_hidden) = splits
     shared = sorted(set(train_n) & set(test_n))
     if shared:
         raise DatasetError(f"{root}: class {shared[0]!r} is in both train/ and test/; expected class-disjoint folders")
@@ -320,7 +351,7 @@ def load_folder(root: Path, image_size: int, download: bool = False) -> DatasetS
     names = {i: n for n, i in vocabulary.items()}
     train = ImageSet(np.array([vocabulary[n] for n in train_n]), "photos", paths=train_p, names=names)
     test = ImageSet(np.array([vocabulary[n] for n in test_n]), "photos", paths=test_p, names=names)
-    return DatasetSplits(train, test, recall_ks=(1, 2, 4, 8))
+    return DatasetSplits(train, test, recall_ks=(1, 2, 4, 8), skipped_hidden=train_hidden + test_hidden)
 
 
 def synthetic_glyphs(num_classes: int, per_class: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -388,6 +419,10 @@ def load_dataset(name: str, data_root: str | os.PathLike | None, image_size: int
     if root is not None and name != "synthetic" and not root.is_dir() and not download:
         raise DatasetError(f"{root}: data root is not a directory (from --data-root or ${DATA_ROOT_ENV})")
     splits = DATASETS[name](root, image_size_for(name, image_size), download)
+    if splits.skipped_hidden:
+        log.info(
+            "dataset %r: skipped %d hidden images (a file or folder named '.*' on their path) under %s", name, splits.skipped_hidden, root
+        )
     for part, images in (("train", splits.train), ("test", splits.test)):
         if len(images.classes) < 2:
             raise DatasetError(f"{root}: the {part} split of {name!r} has {len(images.classes)} class; expected at least 2")
