@@ -17,8 +17,9 @@ from typing import Any
 
 import optuna
 
+from study.inputs import write_yaml
 from study.plots import curves, note
-from study.tracking import first_error_line, write_yaml
+from study.tracking import first_error_line
 from trainables.core.config import TrainConfig, applicable_keys
 
 

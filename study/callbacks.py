@@ -3,9 +3,9 @@
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
 (step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
-``study.outcome.trial_outcome``) and a final status (FINISHED, or FAILED with
+``study.trial.trial_outcome``) and a final status (FINISHED, or FAILED with
 the reason). How the records reach MLflow, and wait while it is away, is
-``study.records.TrialRecorder``.
+``study.recorder.TrialRecorder``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from typing import Any
 
 from ray.tune import Callback
 
-from study.outcome import COMPLETE, FAIL, PRUNED, epochs_done, is_finite_number, trial_outcome
-from study.records import TrialRecorder
-from study.selection import confirmed_trial, train_part
+from study.recorder import TrialRecorder
 from study.tracking import first_error_line
+from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
 # The ladder's bookkeeping that MLflow's step already says (epochs_trained) or that is the searcher's (objective_step).
@@ -72,15 +71,12 @@ def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
 class MlflowTrials(Callback):
     """One MLflow child run per trial (see TrialRecorder); the driver is the only writer, from the recorder's writer thread.
 
-    A confirmation re-run (its config names the Optuna trial it re-runs, ``study.selection.CONFIRMS_KEY``) is
+    A confirmation re-run (its config names the Optuna trial it re-runs, ``study.trial.CONFIRMS_KEY``) is
     recorded as a ``confirmation`` run with the training config as its params.
     """
 
     def __init__(self, recorder: TrialRecorder, metric: str, max_epochs: int) -> None:
         self.recorder, self.metric, self.max_epochs = recorder, metric, max_epochs
-
-    def setup(self, **info):
-        self.recorder.start_writer()  # Tune holds a reporting trial until its callbacks return: no MLflow write on that path
 
     def submit(self, op: dict[str, Any]) -> None:
         number = confirmed_trial(op["config"])
@@ -111,10 +107,6 @@ class MlflowTrials(Callback):
         reason = first_error_line(trial_error_text(trial))
         tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false"}
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
-
-    def on_experiment_end(self, trials, **info):
-        self.recorder.close_writer()
-        self.recorder.flush(force=True)
 
 
 def trial_epochs(trial) -> int:

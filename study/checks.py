@@ -1,6 +1,6 @@
 """Checks of what a study will connect to, made before it does: the Ray cluster and the Optuna storage.
 
-Each check answers in seconds with a :class:`study.tracking.UsageError` of one line
+Each check answers in seconds with a :class:`study.inputs.UsageError` of one line
 naming the flag, where the library it guards would retry for minutes (Ray, on an
 address with nothing listening) or wait forever (Tune, on trials no node can
 hold), or fail with a traceback (SQLAlchemy, on a URL it cannot parse).
@@ -13,8 +13,8 @@ import socket
 from pathlib import Path
 
 from study import tracking
+from study.inputs import UsageError
 from study.journal import journal_file
-from study.tracking import UsageError
 
 CONNECT_TIMEOUT_S = 5.0
 # The one database port a URL may leave out, by SQLAlchemy dialect; others go unchecked.

@@ -3,6 +3,7 @@
 - Commands a summary prints name this environment's interpreter and tools
   (``python_command``, ``env_tool``), so they run as printed without
   activating the environment.
+- ``print_study_summary`` says how a study ended and what to run next.
 - ``library_output_to`` sends Python warnings and the log records of Ray,
   Optuna, MLflow and their helpers to a log file (``log_path``), and turns off
   Ray Tune's own console output (its configuration table and TensorBoard hint),
@@ -13,14 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shlex
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from study import tracking
+from study.recorder import spool_path
 from study.tracking import runs_dir
+from trainables.core.config import TrainConfig, applicable_keys
+
+if TYPE_CHECKING:
+    from study.records import StudySummary
+    from study.selection import Selection
 
 # Libraries whose log records go to the log file; "py.warnings" carries warnings.warn (logging.captureWarnings).
 LIBRARY_LOGGERS = ("ray", "optuna", "mlflow", "alembic", "urllib3", "filelock", "matplotlib", "PIL", "py.warnings")
@@ -106,3 +116,61 @@ def ui_command(uri: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {uri} in a browser"
     return f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
+
+
+def print_selection(selection: Selection, metric: str) -> None:
+    """The top trials' re-runs and the pick, one line each."""
+    print(f"the top trials re-run with extra seeds ({metric}: the trial's score, then each extra seed's):")
+    for c in selection.ranking:
+        sem = f" +- {c.sem:.4f}" if math.isfinite(c.sem) else ""
+        print(f"  Optuna #{c.key}: mean {c.mean:.4f}{sem} over {len(c.scores)} ({', '.join(f'{v:.4f}' for v in c.scores)})")
+    print(f"pick: Optuna #{selection.winner.key}, {selection.verdict()}")
+
+
+def print_study_summary(outcome: StudySummary, metric: str) -> None:
+    """The human summary of a finished (or synced) study: counts, outages, the best trial and what to run next.
+
+    The commands it prints name this environment's interpreter and tools (``study.console``), so they run as printed.
+    """
+    m, study_name = outcome.metrics, outcome.study_name
+    flags = f"--study {study_name} --experiment {outcome.experiment}"
+    if not tracking.is_local_sqlite(outcome.uri):
+        flags += f" --tracking-uri {outcome.uri}"
+    if outcome.outages:
+        print(
+            f"\nMLflow was unreachable {outcome.outages} time(s) during the study; training went on"
+            + ("; the records kept meanwhile were written when it returned." if outcome.mlflow_synced else ".")
+        )
+    if not outcome.mlflow_synced:
+        print(
+            f"\nwarning: MLflow at {outcome.uri} could not be written at the end ({outcome.mlflow_error}). Nothing is lost: "
+            f"trial records are kept in {spool_path(study_name)} and the trials in the Optuna storage.\n"
+            f"write them when MLflow is back:  {python_command('study.sync')} {flags}"
+        )
+    print(
+        f"\nstudy {study_name} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "
+        f"{m['n_complete']} complete, {m['n_pruned']} pruned early, {m['n_failed']} failed, {m['epochs_spent']:.0f} epochs trained"
+    )
+    if outcome.utilization is not None:
+        print(outcome.utilization.describe())
+    best = outcome.best
+    if best is None:
+        print("no trial completed; nothing to retrain")
+    else:
+        if outcome.selection is not None:
+            print_selection(outcome.selection, metric)
+        config = TrainConfig.from_dict(outcome.best_config or {}, source="best trial")
+        print(f"best trial {best.user_attrs.get('tune_trial_id')} (Optuna #{best.number}): {metric} = {best.value:.4f}")
+        print(f"its config (best_config.yaml: the keys that apply to loss {config.loss}; every key: resolved_config.yaml):")
+        for key in applicable_keys(config):
+            print(f"  {key}: {getattr(config, key)}")
+        epochs = f"{outcome.final_epochs} epochs, " if outcome.final_epochs else ""
+        print(
+            f"\nretrain it on all training classes and test it:  {python_command('study.final')} {flags}\n"
+            f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
+            f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
+        )
+    print(f"open the MLflow UI:  {ui_command(outcome.uri)}")
+    log = log_path(study_name)
+    if log.is_file():
+        print(f"warnings and library logs: {log}")

@@ -33,10 +33,12 @@ import mlflow
 import numpy as np
 import torch
 
-from study import console, tracking
+from study import console, inputs, tracking
+from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
+from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
-from study.tracking import UsageError
+from study.record import StudyRecord
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.data import (
@@ -117,9 +119,9 @@ def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfi
     if path is None:
         text = resources.files("configs").joinpath(DEFAULT_CONFIG).read_text()
         source, name = f"configs/{DEFAULT_CONFIG} (embedded)", Path(DEFAULT_CONFIG).stem
-        values = tracking.parse_yaml(text, source, "a mapping of config keys")
+        values = inputs.parse_yaml(text, source, "a mapping of config keys")
     else:
-        values, source, name = tracking.read_yaml(path, "a mapping of config keys"), path, Path(path).stem
+        values, source, name = inputs.read_yaml(path, "a mapping of config keys"), path, Path(path).stem
     if values is None:
         values = {}
     if not isinstance(values, dict):
@@ -226,14 +228,8 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     final_budget_factor x the trials' epochs), else the trials' own.
     """
     tracking.setup(uri, experiment)
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    parent = tracking.find_study_run(client, found.experiment_id, study)
-    if parent is None:
-        raise UsageError(
-            f"--study {study}: no study of that name in MLflow experiment {experiment!r} at {uri}; "
-            "expected the --study-name of a study.launch run (and its --experiment)"
-        )
+    parent = study_parent(uri, experiment, study, "--study")
+    record = StudyRecord.from_params(parent.data.params, where=f"study {study!r}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = mlflow.artifacts.download_artifacts(
@@ -244,12 +240,11 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
                 f"--study {study}: the study has no best_config.yaml (no trial completed); "
                 "expected a finished study with at least one complete trial"
             ) from None
-        values = tracking.read_yaml(path, "the study's best config")
-    recorded = parent.data.params.get("final_epochs")
-    if epochs is not None or recorded:
-        values = {**values, "epochs": epochs if epochs is not None else int(recorded)}
+        values = inputs.read_yaml(path, "the study's best config")
+    if epochs is not None or record.final_epochs:
+        values = {**values, "epochs": epochs if epochs is not None else record.final_epochs}
     config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
-    return config, parent.info.run_id, parent.data.params.get("data_root") or None
+    return config, parent.info.run_id, record.data_root
 
 
 def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:
@@ -459,7 +454,7 @@ def train_plan(
     if plan.grid:
         client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
     else:
-        config_file = tracking.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
+        config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
         client.log_artifact(target.parent_id, str(config_file))
     outcomes: dict[str, dict[str, Any]] = {}
     for index, (name, config) in enumerate(plan.configurations):
@@ -489,12 +484,7 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             outcomes = train_plan(client, plan, splits, Target(experiment_id, parent_id, device, args.num_workers, Path(tmp)), started)
     except BaseException as error:
-        interrupted = isinstance(error, KeyboardInterrupt)
-        reason = f"stopped by {signal_name(error)}" if interrupted else tracking.first_error_line(str(error))
-        tracking.fail_orphans(client, started, reason, status="KILLED" if interrupted else "FAILED")
-        if plan.parent_run_id is None:
-            client.set_tag(parent_id, "failure_reason", reason)
-            client.set_terminated(parent_id, status="KILLED" if interrupted else "FAILED")
+        mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
         raise
     if plan.parent_run_id is None:
         client.set_terminated(parent_id, status="FINISHED")

@@ -1,6 +1,6 @@
 """Ray Tune's asynchronous successive halving, run apart for each value of one config key (study.schedulers).
 
-A study's confirmation re-runs (study.selection) share the search's Tuner: the scheduler lets them train their
+A study's confirmation re-runs (study.trial) share the search's Tuner: the scheduler lets them train their
 full budget, and they never enter a rung.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
-from study.selection import confirmed_trial
+from study.trial import confirmed_trial
 
 
 class StratifiedHalving(FIFOScheduler):
@@ -33,7 +33,10 @@ class StratifiedHalving(FIFOScheduler):
         self.search_properties = (metric, mode)
         return all([sub.set_search_properties(metric, mode, **spec) for sub in self.strata.values()])
 
-    def _sub(self, trial) -> AsyncHyperBandScheduler:
+    def _sub(self, trial) -> AsyncHyperBandScheduler | None:
+        """The halving that judges ``trial``: its stratum's; None for a confirmation re-run (never judged)."""
+        if confirmed_trial(trial.config) is not None:
+            return None
         if trial.trial_id not in self.stratum_of:
             self.stratum_of[trial.trial_id] = str(trial.config.get(self.key)) if self.key else "all"
         name = self.stratum_of[trial.trial_id]
@@ -43,21 +46,20 @@ class StratifiedHalving(FIFOScheduler):
         return self.strata[name]
 
     def on_trial_add(self, tune_controller, trial) -> None:
-        if confirmed_trial(trial.config) is None:
-            self._sub(trial).on_trial_add(tune_controller, trial)
+        if sub := self._sub(trial):
+            sub.on_trial_add(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
-        if confirmed_trial(trial.config) is not None:
-            return TrialScheduler.CONTINUE
-        return self._sub(trial).on_trial_result(tune_controller, trial, result)
+        sub = self._sub(trial)
+        return sub.on_trial_result(tune_controller, trial, result) if sub else TrialScheduler.CONTINUE
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
-        if confirmed_trial(trial.config) is None:
-            self._sub(trial).on_trial_complete(tune_controller, trial, result)
+        if sub := self._sub(trial):
+            sub.on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller, trial) -> None:
-        if confirmed_trial(trial.config) is None:
-            self._sub(trial).on_trial_remove(tune_controller, trial)
+        if sub := self._sub(trial):
+            sub.on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
         return "; ".join(f"{name}: {sub.debug_string()}" for name, sub in self.strata.items()) or "stratified halving"

@@ -9,7 +9,8 @@ read fails with ``JSONDecodeError``.
 ``RepairingJournalBackend`` closes both ends of that:
 
 - before each append, under the journal's lock, a torn tail (bytes after the
-  last newline) is cut off, so a new record always starts a line;
+  last newline) is cut off, so a new record always starts a line (``study.lines``,
+  the rule the trial records' spool shares);
 - when the backend is opened, a journal an older writer already glued
   together is repaired: in each line that does not parse, the torn prefix is
   dropped and the complete record after it kept (``repair``).
@@ -28,62 +29,26 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
+from study.lines import cut_torn_tail, keep_torn, parses
+
 log = logging.getLogger(__name__)
-CHUNK = 1 << 16
 PREFIX = "journal:"  # --optuna-storage journal:PATH names a journal file; anything else is a database URL
+
+
+def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
+    """``journal:PATH`` for a journal file (safe with concurrent writers and torn writes), else an RDB URL; a storage object as it is."""
+    if isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    path = journal_file(storage)
+    return optuna.storages.JournalStorage(RepairingJournalBackend(path)) if path is not None else optuna.storages.RDBStorage(storage)
 
 
 def journal_file(storage: str) -> str | None:
     """The file a ``journal:PATH`` storage names, as given; None for a database URL."""
     return storage.removeprefix(PREFIX) if storage.startswith(PREFIX) else None
-
-
-def tail_start(fh) -> int:
-    """The offset just after the last newline of the open binary file ``fh`` (0 when it has none)."""
-    end = fh.seek(0, os.SEEK_END)
-    position = end
-    while position > 0:
-        step = min(CHUNK, position)
-        position -= step
-        fh.seek(position)
-        block = fh.read(step)
-        newline = block.rfind(b"\n")
-        if newline >= 0:
-            return position + newline + 1
-    return 0
-
-
-def keep_torn(path: str, data: bytes) -> None:
-    """Appends bytes cut from the journal to ``<journal>.torn``."""
-    if data:
-        with open(path + ".torn", "ab") as fh:
-            fh.write(data + b"\n")
-
-
-def cut_torn_tail(path: str) -> int:
-    """Cuts a partial last line off the journal ``path``; returns the bytes cut (kept in ``<path>.torn``)."""
-    with open(path, "rb+") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        start = tail_start(fh)
-        if start == end:
-            return 0
-        fh.seek(start)
-        keep_torn(path, fh.read())
-        fh.truncate(start)
-        fh.flush()
-        os.fsync(fh.fileno())
-    log.warning("the Optuna journal %s ended in a torn record (%d bytes): cut off, kept in %s.torn", path, end - start, path)
-    return end - start
-
-
-def parses(line: bytes) -> bool:
-    try:
-        json.loads(line)
-    except ValueError:
-        return False
-    return True
 
 
 def salvage(line: bytes) -> tuple[bytes, bytes]:

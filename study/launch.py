@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import functools
 import logging
@@ -35,20 +36,22 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import checks, console, interrupts, locks, records, tracking
+from study import checks, console, inputs, interrupts, locks, parent, records, tracking
+from study.inputs import UsageError
 from study.interrupts import StopSignals, env_set
-from study.journal import journal_file
-from study.outcome import is_finite_number
-from study.schedulers import SCHEDULERS, describe
-from study.selection import Selection, confirmed_trial, rerun_candidates, select, selection_record
+from study.journal import journal_file, open_storage
+from study.record import METRICS, StudyRecord
+from study.record import flag_names as record_flag_names
+from study.recorder import TrialRecorder, spool_path
+from study.schedulers import SCHEDULERS, describe, ladder
+from study.selection import Selection, rerun_candidates, select, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
-from study.tracking import UsageError
+from study.trial import confirmed_trial, is_finite_number
 from trainables.core.config import ConfigError, TrainConfig
 from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, validation_split
 
 log = logging.getLogger(__name__)
 
-METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a study file could not be written: one line and the resume command
@@ -116,6 +119,22 @@ def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
     a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     a(
+        "--rehearse",
+        nargs="?",
+        type=float,
+        const=1.0,
+        metavar="SECONDS",
+        help="rehearse the study: the same driver, searcher, scheduler, re-runs and records, on a surrogate trainable that "
+        "trains nothing (trainables.surrogate: seeded learning curves shaped like real ones) and sleeps SECONDS per epoch "
+        "(default 1); no dataset needed. Checks a space, its rungs, its budget and the volume of records before a cluster run",
+    )
+    a(
+        "--ray-cpus",
+        type=float,
+        help="logical CPUs of the local Ray (default: this machine's); with --rehearse, the size of the cluster rehearsed",
+    )
+    a("--ray-gpus", type=float, help="logical GPUs of the local Ray (default: this machine's); with --rehearse, GPUs to rehearse")
+    a(
         "--reuse-actors",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -165,6 +184,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--reduction-factor", args.reduction_factor, "a finite number > 1")
     if args.metric not in METRICS:
         bad("--metric", args.metric, f"one of {', '.join(METRICS)}")
+    if args.rehearse is not None and not (math.isfinite(args.rehearse) and args.rehearse >= 0):
+        bad("--rehearse", args.rehearse, "seconds per epoch, a finite number >= 0")
+    for flag, value in (("--ray-cpus", args.ray_cpus), ("--ray-gpus", args.ray_gpus)):
+        if value is not None and not (math.isfinite(value) and value >= (1 if flag == "--ray-cpus" else 0)):
+            bad(flag, value, "a finite number >= 1" if flag == "--ray-cpus" else "a finite number >= 0")
+        if value is not None and args.address is not None:
+            parser.error(f"{flag} sizes the local Ray; drop it with --address (a running cluster has its own resources)")
     if args.max_failures < 0:
         bad("--max-failures", args.max_failures, "an integer >= 0")
     if args.study_name is not None and (not NAME_PATTERN.match(args.study_name) or ".." in args.study_name):
@@ -182,45 +208,19 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> froz
     return frozenset(dest for dest, value in vars(parser.parse_args(argv, probe)).items() if value is not unset)
 
 
-# flags that define a study: the parent-run param that records each, and its type; --resume continues with the recorded value
-RECORDED_FLAGS = {
-    "space": ("space", str),
-    "dataset": ("fixed.dataset", str),
-    "epochs": ("epochs", int),
-    "num_samples": ("num_samples", int),
-    "scheduler": ("scheduler", str),
-    "grace_period": ("grace_period", int),
-    "reduction_factor": ("reduction_factor", float),
-    "sampler": ("sampler", str),
-    "seed": ("seed", int),
-    "metric": ("metric", str),
-    "confirm_top": ("confirm_top", int),
-    "confirm_seeds": ("confirm_seeds", int),
-    "max_concurrent": ("max_concurrent", int),
-    "cpus_per_trial": ("cpus_per_trial", float),
-    "gpus_per_trial": ("gpus_per_trial", float),
-}
 UNRECORDED_FLAGS = ("max_failures", "reuse_actors")  # kept in the study's Tune state, which --resume restores as it was
 
 
-def recorded_value(flag: str, text: str) -> Any:
-    kind = RECORDED_FLAGS[flag][1]
-    return int(float(text)) if kind is int else kind(text)
-
-
-def resumed_args(args: argparse.Namespace, resumed: dict[str, str]) -> argparse.Namespace:
+def resumed_args(args: argparse.Namespace, record: StudyRecord) -> argparse.Namespace:
     """With --resume: each study-defining flag takes the study's recorded value; a flag given with another value is refused."""
     for flag in sorted(args.given & set(UNRECORDED_FLAGS)):
         raise UsageError(f"--{flag.replace('_', '-')}: not changeable on --resume (the study keeps its own); drop it")
-    values = {}
-    for flag, (key, _) in RECORDED_FLAGS.items():
-        if key not in resumed or (flag == "sampler" and resumed[key] == "grid"):
-            continue  # a study recorded before this setting existed, or a grid space (no sampler applies)
-        values[flag] = recorded_value(flag, resumed[key])
+    values = record.flags()
+    for flag, value in values.items():
         given = getattr(args, flag)
-        if flag in args.given and given != values[flag] and not (flag == "space" and load_space(given).path == values[flag]):
+        if flag in args.given and given != value and not (flag == "space" and load_space(given).path == value):
             raise UsageError(
-                f"--{flag.replace('_', '-')} {given}: study {args.study_name} runs with {resumed[key]}; "
+                f"--{flag.replace('_', '-')} {given}: study {args.study_name} runs with {value}; "
                 "--resume continues a study with its own settings (drop the flag, or start a new study)"
             )
     return argparse.Namespace(**{**vars(args), **values})
@@ -229,121 +229,72 @@ def resumed_args(args: argparse.Namespace, resumed: dict[str, str]) -> argparse.
 # ----------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class StudySettings:
-    """Everything a study runs with, resolved once from the command line (with --resume, from the study's parent run too)."""
+    """Everything a study runs with, resolved once from the command line (with --resume, from the study's record too).
+
+    ``record`` is what the parent run records (study.record); its ``max_concurrent`` is None until the cluster's
+    size is known (``with_slots``), when --max-concurrent is not given.
+    """
 
     name: str
     space: Space  # with --dataset and --epochs applied
-    max_epochs: int  # every trial's full budget
-    num_samples: int
-    metric: str
-    mode: str
-    sampler: str
-    seed: int
-    scheduler: str  # budget, asha or fifo (study.schedulers)
-    grace_period: int
-    reduction_factor: float
-    max_concurrent: int | None  # None: as many as the cluster holds (``slots``)
-    cpus_per_trial: float
-    gpus_per_trial: float
+    record: StudyRecord
     max_failures: int
-    reuse_actors: bool  # trials run in the worker processes of finished ones (docs/benchmarks.md, study utilization)
-    confirm_top: int  # the top complete trials re-run with extra seeds before the best is named
-    confirm_seeds: int
-    data_root: str | None  # absolute: Tune runs each trial in its own working directory
-    fit_classes: int
     address: str | None
-    storage_path: str
-    optuna_storage: str
     tracking_uri: str
     experiment: str
     resume: bool
+    local_resources: tuple[float | None, float | None] = (None, None)  # --ray-cpus, --ray-gpus: the local Ray's size
 
     @functools.cached_property
     def early_stopping(self):
         """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers), built once."""
         from study.schedulers import make_early_stopping
 
-        return make_early_stopping(self.scheduler, self.max_epochs, self.grace_period, self.reduction_factor, self.stratify_by)
+        r = self.record
+        return make_early_stopping(r.scheduler, r.epochs, r.grace_period, r.reduction_factor, r.stratify_by)
 
-    @functools.cached_property
+    @property
     def slots(self) -> int:
-        """Trials at once: --max-concurrent, else as many as the Ray cluster's CPUs and GPUs hold (before Ray starts: this machine's)."""
-        if self.max_concurrent is not None:
-            return self.max_concurrent  # as given: an autoscaling cluster may grow to it
-        import ray
+        """Trials at once: --max-concurrent, or what the cluster holds (``with_slots``)."""
+        if self.record.max_concurrent is None:
+            raise RuntimeError("the study's slots are known once Ray runs: StudySettings.with_slots")
+        return self.record.max_concurrent
 
+    def with_slots(self, resources: dict[str, float]) -> StudySettings:
+        """These settings with --max-concurrent resolved: as given (an autoscaling cluster may grow to it), else as many
+        trials as ``resources`` (a running Ray cluster's) hold at --cpus-per-trial and --gpus-per-trial."""
         from study.utilization import concurrent_slots
 
-        resources = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}  # a local Ray's
-        return concurrent_slots(10**6, resources.get("CPU", 1.0), self.cpus_per_trial, resources.get("GPU"), self.gpus_per_trial)
+        r = self.record
+        if r.max_concurrent is not None:
+            return self
+        slots = concurrent_slots(10**6, resources.get("CPU", 1.0), r.cpus_per_trial, resources.get("GPU"), r.gpus_per_trial)
+        return dataclasses.replace(self, record=dataclasses.replace(r, max_concurrent=slots))
+
+    @property
+    def max_epochs(self) -> int:
+        return self.record.epochs
 
     @property
     def rerun_seeds(self) -> int:
         """The extra seeds of each top trial's confirmation re-runs (study.selection): none on a grid."""
-        return 0 if self.space.is_grid else self.confirm_seeds
+        return 0 if self.space.is_grid else self.record.confirm_seeds
 
     @property
     def reruns(self) -> int:
         """The confirmation re-runs the study's Tuner trains at most, after its ``num_samples`` trials."""
-        return self.confirm_top * self.rerun_seeds
-
-    @property
-    def stratify_by(self) -> str | None:
-        """The key whose values are compared apart by the budget scheduler: the loss family, when the space searches it."""
-        searched = {p.name for p in self.space.params} | set(self.space.grid)
-        return "loss" if "loss" in searched else None
+        return self.record.confirm_top * self.rerun_seeds
 
     @property
     def experiment_dir(self) -> str:
         """The Tune experiment's folder (or URI) under --storage-path."""
-        return os.path.join(self.storage_path, self.name)
-
-    def parent_params(self) -> dict[str, Any]:
-        """What the study's MLflow parent run records; --resume reads ``space`` and ``epochs`` back."""
-        return {
-            "space": self.space.path,
-            "scheduler": self.scheduler,
-            "budgets": " ".join(str(b) for b in self.early_stopping.budgets),
-            "stratify_by": self.stratify_by or "none",
-            "grace_period": self.grace_period,
-            "reduction_factor": self.reduction_factor,
-            "max_concurrent": self.slots,
-            "reuse_actors": self.reuse_actors,
-            "cpus_per_trial": self.cpus_per_trial,
-            "gpus_per_trial": self.gpus_per_trial,
-            "seed": self.seed,
-            "sampler": "grid" if self.space.is_grid else self.sampler,
-            "metric": self.metric,
-            "mode": self.mode,
-            "num_samples": self.num_samples,
-            "epochs": self.max_epochs,
-            "final_epochs": self.space.final_epochs(self.max_epochs),  # what study.final --study trains the pick to
-            "optuna_storage": self.optuna_storage,
-            "storage_path": self.storage_path,
-            "fit_classes": self.fit_classes,
-            "confirm_top": self.confirm_top,
-            "confirm_seeds": self.confirm_seeds,
-            **({"data_root": self.data_root} if self.data_root else {}),
-            **{f"fixed.{k}": v for k, v in self.space.fixed.items()},
-        }
+        return os.path.join(self.record.storage_path, self.name)
 
 
-# flags that StudySettings takes as they are
-PLAIN_FLAGS = (
-    "metric",
-    "sampler",
-    "seed",
-    "max_concurrent",
-    "cpus_per_trial",
-    "gpus_per_trial",
-    "max_failures",
-    "reuse_actors",
-    "confirm_top",
-    "confirm_seeds",
-    "address",
-    "experiment",
-    "resume",
-)
+def stratify_by(space: Space) -> str | None:
+    """The key whose values are compared apart by the budget scheduler: the loss family, when the space searches it."""
+    searched = {p.name for p in space.params} | set(space.grid)
+    return "loss" if "loss" in searched else None
 
 
 def study_settings(args: argparse.Namespace) -> StudySettings:
@@ -354,62 +305,64 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     tracking.experiment_artifacts(uri, args.experiment)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
-    resumed = records.resumed_params(uri, args.experiment, args.study_name) if args.resume else {}
-    if resumed:
-        args = resumed_args(args, resumed)
-    space = prepare_space(args, resumed)
+    if args.resume:
+        args = resumed_args(args, parent.resumed_record(uri, args.experiment, args.study_name))
+    space = prepare_space(args)
     max_epochs = base_config(space).epochs
-    scheduler, grace_period, reduction_factor = early_stopping_flags(args, resumed, max_epochs)
+    scheduler, grace_period, reduction_factor = early_stopping_flags(args, max_epochs)
     data_root = tracking.resolve_data_root(args.data_root)
-    fit_classes = check_dataset(space, data_root)
+    fit_classes = check_dataset(space, data_root) if args.rehearse is None else 0  # a rehearsal reads no data
     name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    runs = tracking.runs_dir()
-    storage_path = check_storage(args.storage_path or str(runs / "ray"))
+    storage_path = check_storage(args.storage_path or str(tracking.runs_dir() / "ray"))
     if args.resume and "://" not in storage_path and not Path(storage_path, name).is_dir():
         raise UsageError(f"--resume: no study {name!r} under {storage_path}; expected the --study-name of an interrupted study")
-    return StudySettings(
-        name=name,
-        space=space,
-        max_epochs=max_epochs,
+    flags = {flag: getattr(args, flag) for flag in record_flag_names() if flag != "dataset"}  # as given, then resolved:
+    flags.update(
+        space=space.path,
+        epochs=max_epochs,
         num_samples=args.num_samples or (space.grid_size() if space.is_grid else 16),
-        mode=METRICS[args.metric],
-        data_root=data_root,
-        fit_classes=fit_classes,
-        storage_path=storage_path,
-        optuna_storage=optuna_storage,
-        tracking_uri=uri,
+        sampler="grid" if space.is_grid else args.sampler,
         scheduler=scheduler,
         grace_period=grace_period,
         reduction_factor=reduction_factor,
-        **{flag: getattr(args, flag) for flag in PLAIN_FLAGS},
     )
+    record = StudyRecord(
+        **flags,
+        mode=METRICS[args.metric],
+        budgets=ladder(scheduler, max_epochs, grace_period, reduction_factor)[0],
+        stratify_by=stratify_by(space),
+        reuse_actors=args.reuse_actors,
+        final_epochs=space.final_epochs(max_epochs),
+        optuna_storage=optuna_storage,
+        storage_path=storage_path,
+        fit_classes=fit_classes,
+        data_root=data_root,
+        fixed={k: str(v) for k, v in space.fixed.items()},
+    )
+    local = (args.ray_cpus, args.ray_gpus)
+    return StudySettings(name, space, record, args.max_failures, args.address, uri, args.experiment, args.resume, local)
 
 
-def early_stopping_flags(args: argparse.Namespace, resumed: dict[str, str], max_epochs: int) -> tuple[str, int, float]:
-    """--scheduler, --grace-period, --reduction-factor: the flag, else the resumed study's, else the default."""
-    scheduler = args.scheduler or resumed.get("scheduler") or ("asha" if resumed else "budget")  # studies before budgets ran ASHA
-    grace = args.grace_period or int(resumed.get("grace_period", 0)) or max(1, max_epochs // 4)
-    factor = args.reduction_factor or float(resumed.get("reduction_factor", 0)) or 4.0
+def early_stopping_flags(args: argparse.Namespace, max_epochs: int) -> tuple[str, int, float]:
+    """--scheduler, --grace-period, --reduction-factor: the flag (with --resume: the study's), else the default."""
+    scheduler = args.scheduler or "budget"
+    grace = args.grace_period or max(1, max_epochs // 4)
+    factor = args.reduction_factor or 4.0
     if grace > max_epochs:
         raise UsageError(f"--grace-period {grace}: larger than the {max_epochs} epochs per trial; expected <= {max_epochs}")
     return scheduler, grace, factor
 
 
-def prepare_space(args: argparse.Namespace, resumed: dict[str, str] | None = None) -> Space:
-    """The space of --space with --dataset / --epochs applied, validated as a whole.
-
-    ``resumed``, the parent run's params of a resumed study, gives the space and epochs the command line leaves out.
-    """
-    resumed = resumed or {}
-    space = load_space(args.space or resumed.get("space") or "default")
-    epochs = args.epochs if args.epochs is not None else (int(resumed["epochs"]) if "epochs" in resumed else None)
-    overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", epochs)) if v is not None}
+def prepare_space(args: argparse.Namespace) -> Space:
+    """The space of --space with --dataset / --epochs applied, validated as a whole (with --resume: the study's)."""
+    space = load_space(args.space or "default")
+    overrides = {k: v for k, v in (("dataset", args.dataset), ("epochs", args.epochs)) if v is not None}
     if overrides:
         searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
         clash = sorted(searched & set(overrides))
         if clash:
             raise SpaceError(f"{space.path}: {clash[0]} is set by the space's params, grid or variants; drop --{clash[0]}")
-        data = tracking.read_yaml(space.path, "a search space")
+        data = inputs.read_yaml(space.path, "a search space")
         data["fixed"] = {**(data.get("fixed") or {}), **overrides}
         space = parse_space(data, space.path)
     return resolve_pretrained(space, Path.cwd())  # trials run in folders of their own
@@ -487,16 +440,20 @@ def local_ray_env(address: str | None) -> None:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None) -> Iterator[None]:
-    """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here.
+def ray_session(address: str | None, local_resources: tuple[float | None, float | None] = (None, None)) -> Iterator[None]:
+    """Ray for the length of the study; without --address always a fresh local Ray, never one that happens to run here,
+    of ``local_resources`` (CPUs, GPUs; None: this machine's).
 
     The local Ray binds to 127.0.0.1 only when this is the first import of Ray in the process (as in ``main``).
     """
     local_ray_env(address)
     import ray
 
+    cpus, gpus = local_resources
     ray.init(
         address=address or "local",
+        num_cpus=cpus,
+        num_gpus=gpus,
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.WARNING,
@@ -510,36 +467,39 @@ def ray_session(address: str | None) -> Iterator[None]:
             ray.shutdown()
 
 
+def cluster_resources() -> dict[str, float]:
+    """The running Ray cluster's resources (a local Ray's: this machine's)."""
+    import ray
+
+    return ray.cluster_resources()
+
+
 def open_optuna(settings: StudySettings, storage: optuna.storages.BaseStorage) -> optuna.Study:
     """The study's Optuna study: created, or with --resume loaded."""
+    name, url = settings.name, settings.record.optuna_storage
     names = set(optuna.get_all_study_names(storage))
     if settings.resume:
-        if settings.name not in names:
-            raise UsageError(f"--resume: no Optuna study {settings.name!r} in {settings.optuna_storage}; expected an existing study name")
-        return optuna.load_study(study_name=settings.name, storage=storage)
-    if settings.name in names:
-        raise UsageError(
-            f"--study-name {settings.name}: a study of that name exists in {settings.optuna_storage}; "
-            "pass --resume to continue it or choose another name"
-        )
-    return optuna.create_study(study_name=settings.name, storage=storage, direction="maximize" if settings.mode == "max" else "minimize")
+        if name not in names:
+            raise UsageError(f"--resume: no Optuna study {name!r} in {url}; expected an existing study name")
+        return optuna.load_study(study_name=name, storage=storage)
+    if name in names:
+        raise UsageError(f"--study-name {name}: a study of that name exists in {url}; pass --resume to continue it or choose another name")
+    return optuna.create_study(study_name=name, storage=storage, direction="maximize" if settings.record.mode == "max" else "minimize")
 
 
 def open_study(settings: StudySettings, client, experiment_id: str, parent_id: str | None) -> tuple[optuna.Study, str]:
     """The Optuna study and the MLflow parent run, created together (with --resume: found); returns the parent's run id."""
-    from study.search import open_storage
-
-    checks.check_cluster_resources(settings.cpus_per_trial, settings.gpus_per_trial)  # else trials would wait forever
-    journal = journal_file(settings.optuna_storage)
+    checks.check_cluster_resources(settings.record.cpus_per_trial, settings.record.gpus_per_trial)  # else trials would wait forever
+    journal = journal_file(settings.record.optuna_storage)
     if journal is not None:  # its folder, checked at launch, may have been removed since (a long-queued --resume)
         Path(journal).parent.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(settings.optuna_storage)
+    storage = open_storage(settings.record.optuna_storage)
     study = open_optuna(settings, storage)
     if parent_id is not None:
-        records.reopen(client, experiment_id, parent_id)
+        parent.reopen(client, experiment_id, parent_id)
         return study, parent_id
     try:
-        return study, records.create_parent_run(client, experiment_id, settings.name, settings.space.path, settings.parent_params())
+        return study, parent.create_parent_run(client, experiment_id, settings.name, settings.space.path, settings.record.to_params())
     except BaseException:
         optuna.delete_study(study_name=settings.name, storage=storage)  # no half-created study
         raise
@@ -549,15 +509,20 @@ def trainable(settings: StudySettings):
     """The trainable with its runtime settings and resources: the scheduler's ladder of budgets (one schedule for a re-run)."""
     from ray import tune
 
-    from study.selection import train_trial
+    from study.trial import train_trial
 
     return tune.with_resources(
-        tune.with_parameters(train_trial, data_root=settings.data_root, budgets=list(settings.early_stopping.budgets)),
-        {"cpu": settings.cpus_per_trial, "gpu": settings.gpus_per_trial},
+        tune.with_parameters(
+            train_trial,
+            data_root=settings.record.data_root,
+            budgets=list(settings.early_stopping.budgets),
+            rehearse_epoch_s=settings.record.rehearse,
+        ),
+        {"cpu": settings.record.cpus_per_trial, "gpu": settings.record.gpus_per_trial},
     )
 
 
-def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
+def new_tuner(settings: StudySettings, recorder: TrialRecorder):
     """A Tuner of the study: the Optuna searcher and then the confirmation re-runs (at most --max-concurrent trials at
     once), the scheduler, MLflow and progress callbacks."""
     from ray import tune
@@ -569,27 +534,27 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
 
     s = settings
     searcher = ConfirmingSearcher(
-        s.space, s.optuna_storage, s.name, trials=s.num_samples, top=s.confirm_top, seeds=s.rerun_seeds,
-        metric=s.metric, mode=s.mode, max_epochs=s.max_epochs, seed=s.seed, sampler=s.sampler,
+        s.space, s.record.optuna_storage, s.name, trials=s.record.num_samples, top=s.record.confirm_top, seeds=s.rerun_seeds,
+        metric=s.record.metric, mode=s.record.mode, max_epochs=s.max_epochs, seed=s.record.seed, sampler=s.record.sampler,
     )  # fmt: skip
     scheduler = s.early_stopping.scheduler
     return tune.Tuner(
         trainable(s),
         tune_config=tune.TuneConfig(
-            metric=s.metric,
-            mode=s.mode,
-            num_samples=s.num_samples + s.reruns,
+            metric=s.record.metric,
+            mode=s.record.mode,
+            num_samples=s.record.num_samples + s.reruns,
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=s.slots),
             scheduler=scheduler,
-            reuse_actors=s.reuse_actors,
+            reuse_actors=s.record.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=s.name,
-            storage_path=s.storage_path,
+            storage_path=s.record.storage_path,
             verbose=0,
             callbacks=[
-                MlflowTrials(recorder, s.metric, s.max_epochs),
-                Progress(s.metric, s.mode, s.max_epochs, s.num_samples, s.reruns),
+                MlflowTrials(recorder, s.record.metric, s.max_epochs),
+                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.reruns),
                 CSVLoggerCallback(),
                 JsonLoggerCallback(),
             ],
@@ -599,12 +564,12 @@ def new_tuner(settings: StudySettings, recorder: records.TrialRecorder):
     )
 
 
-def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: records.TrialRecorder):
+def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRecorder):
     """The interrupted study's Tuner, after the records it kept are written and its orphaned Optuna trials are FAIL."""
     from ray import tune
 
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
-    records.reconcile_before_resume(study, settings.experiment_dir)
+    parent.reconcile_before_resume(study, settings.experiment_dir)
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
 
 
@@ -614,15 +579,15 @@ def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selec
     Tuner's ResultGrid, re-runs included."""
     s = settings
     complete = {t.number: t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    numbers = rerun_candidates(complete, s.confirm_top, s.mode, s.rerun_seeds)
+    numbers = rerun_candidates(complete, s.record.confirm_top, s.record.mode, s.rerun_seeds)
     if not numbers:
         return None
     reruns = {n: {} for n in numbers}  # Optuna trial -> {seed: score}
     for result in results:
-        n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.metric)
+        n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.record.metric)
         if n in reruns and result.error is None and is_finite_number(value):
             reruns[n][int(result.config["seed"])] = float(value)
-    selection = select({n: [complete[n], *(v for _, v in sorted(reruns[n].items()))] for n in numbers}, s.mode)
+    selection = select({n: [complete[n], *(v for _, v in sorted(reruns[n].items()))] for n in numbers}, s.record.mode)
     study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
     return selection
 
@@ -635,48 +600,53 @@ def print_header(s: StudySettings) -> None:
     import ray
 
     ray_address = ray.get_runtime_context().gcs_address
-    reruns = f", then the top {s.confirm_top} re-run with {s.confirm_seeds} more seed(s) each" if s.reruns else ""
+    reruns = f", then the top {s.record.confirm_top} re-run with {s.record.confirm_seeds} more seed(s) each" if s.reruns else ""
+    rehearsal = f"rehearsal ({s.record.rehearse:g} s per surrogate epoch, no training) of " if s.record.rehearse is not None else ""
     print(
-        f"study {s.name}: {s.num_samples} trials of up to {s.max_epochs} epochs{reruns}, space {s.space.path}, "
-        f"{s.metric} ({s.mode}), {s.slots} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
+        f"{rehearsal}study {s.name}: {s.record.num_samples} trials of up to {s.max_epochs} epochs{reruns}, space {s.space.path}, "
+        f"{s.record.metric} ({s.record.mode}), {s.slots} at once, {describe(s.early_stopping)}; Ray at {ray_address}",
         flush=True,
     )
 
 
-def run_study(settings: StudySettings) -> dict[str, Any]:
-    """Run the study to its end; returns what ``records.print_summary`` prints.
+def run_study(settings: StudySettings) -> records.StudySummary:
+    """Run the study to its end; returns what ``console.print_study_summary`` prints.
 
-    Whatever stops it early leaves its MLflow runs marked stopped (``records.stopped_on_failure``) and no Ray running;
+    Whatever stops it early leaves its MLflow runs marked stopped (``parent.stopped_on_failure``) and no Ray running;
     a signal stops it as ``study.interrupts`` says, resumable. A second driver of the same study fails at once (``study.locks``).
     """
     s = settings
     experiment_id = tracking.setup(s.tracking_uri, s.experiment)
     client = mlflow.MlflowClient(s.tracking_uri)
-    with locks.study_lock(locks.lock_folder(s.optuna_storage, tracking.runs_dir()), s.name):
-        parent_id = records.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
+    with locks.study_lock(locks.lock_folder(s.record.optuna_storage, tracking.runs_dir()), s.name):
+        parent_id = parent.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
         if s.resume and client.get_run(parent_id).info.status == "FINISHED":
             raise NothingToRun(s.name)
         ray_started = time.time()
-        with ray_session(s.address), StopSignals().installed() as stops:
+        with ray_session(s.address, s.local_resources), StopSignals().installed() as stops:
+            s = s.with_slots(cluster_resources())
             with stops.deferred():  # no half-created study
                 study, parent_id = open_study(s, client, experiment_id, parent_id)
-                records.describe_optuna_study(study, parent_id, s.space.path, s.metric)
+                records.describe_optuna_study(study, parent_id, s.space.path, s.record.metric)
             started = time.time()
             usage = {"slots": s.slots, "startup_s": started - ray_started, "since": started}  # Ray's start-up apart
-            with records.stopped_on_failure(client, experiment_id, parent_id):
-                recorder = records.TrialRecorder(s.tracking_uri, experiment_id, parent_id, s.name, records.spool_path(s.name))
+            with parent.stopped_on_failure(client, experiment_id, parent_id):
+                recorder = TrialRecorder(
+                    s.tracking_uri, experiment_id, parent_id, s.name, spool_path(s.name), optuna_storage=s.record.optuna_storage
+                )
                 tuner = restored_tuner(s, study, recorder) if s.resume else new_tuner(s, recorder)
                 print_header(s)
+                recorder.start_writer()  # the driver's one writer of the trial records (the callbacks' copies append)
                 try:
                     with stops.graceful(), env_set(AUTO_LOGGERS_FLAG, "1"):
                         results = tuner.fit()
-                finally:  # Tune does not reach its callbacks' on_experiment_end on every way out of fit()
-                    records.stop_writers()
+                finally:  # no record lands after the study marks its runs
+                    recorder.close_writer()
                 selection = selection_of(s, study, results)
                 with stops.deferred():
-                    summary = records.finish_study(study, recorder, s.metric, s.mode, time.time() - started, selection, usage)
-    named = {"study_name": s.name, "uri": s.tracking_uri, "parent_run_id": parent_id, "experiment": s.experiment}
-    return {**named, "final_epochs": s.space.final_epochs(s.max_epochs), **summary}
+                    wall_s = time.time() - started
+                    named = {"experiment": s.experiment, "final_epochs": s.record.final_epochs}
+                    return records.finish_study(study, recorder, s.record.metric, s.record.mode, wall_s, selection, usage, **named)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -708,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {error.filename or 'a study file'}: {os.strerror(error.errno)}; {resume_hint(settings)}", file=sys.stderr)
         return 1
-    records.print_summary(outcome, settings.metric)
+    console.print_study_summary(outcome, settings.record.metric)
+    if settings.record.rehearse is not None:
+        print("this was a rehearsal: every curve is the surrogate's (trainables/surrogate.py); its pick is not a model to retrain")
     return 0
 
 

@@ -18,8 +18,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from study.inputs import UsageError
 from study.journal import journal_file
-from study.tracking import UsageError, is_local_sqlite, sqlite_file
+from study.tracking import is_local_sqlite, sqlite_file
 
 
 class StudyLocked(UsageError):

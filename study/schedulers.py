@@ -44,6 +44,16 @@ class EarlyStopping:
     stratify_by: str | None = None  # the config key whose values are halved apart (budget only)
 
 
+def ladder(kind: str, max_epochs: int, grace_period: int, reduction_factor: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the budgets every trial trains through, the rungs where trials are judged) of the scheduler ``kind``, without Ray."""
+    if kind not in SCHEDULERS:
+        raise ValueError(f"scheduler {kind!r}: expected one of {', '.join(SCHEDULERS)}")
+    if kind == "fifo":
+        return (max_epochs,), ()
+    rungs = tuple(rung_budgets(max_epochs, grace_period, reduction_factor)[:-1])
+    return ((*rungs, max_epochs) if kind == "budget" else (max_epochs,)), rungs
+
+
 def make_early_stopping(
     kind: str, max_epochs: int, grace_period: int, reduction_factor: float, stratify_by: str | None = None
 ) -> EarlyStopping:
@@ -52,11 +62,9 @@ def make_early_stopping(
 
     from study.halving import StratifiedHalving
 
-    if kind not in SCHEDULERS:
-        raise ValueError(f"scheduler {kind!r}: expected one of {', '.join(SCHEDULERS)}")
+    budgets, rungs = ladder(kind, max_epochs, grace_period, reduction_factor)
     if kind == "fifo":
-        return EarlyStopping(kind, FIFOScheduler(), (max_epochs,), ())
-    rungs = tuple(rung_budgets(max_epochs, grace_period, reduction_factor)[:-1])
+        return EarlyStopping(kind, FIFOScheduler(), budgets, rungs)
     halving_args = {
         "time_attr": "completed_budget" if kind == "budget" else "training_iteration",
         "max_t": max_epochs,
@@ -65,7 +73,6 @@ def make_early_stopping(
         "brackets": 1,
     }
     halving = StratifiedHalving(stratify_by if kind == "budget" else None, halving_args)  # asha: one stratum
-    budgets = (*rungs, max_epochs) if kind == "budget" else (max_epochs,)
     return EarlyStopping(kind, halving, budgets, rungs, stratify_by if kind == "budget" else None)
 
 

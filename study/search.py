@@ -3,7 +3,7 @@
 Ray's stock ``OptunaSearch`` tells Optuna that a trial ASHA stopped early is
 COMPLETE, with its truncated score, which misleads TPE (a 2-epoch score looks
 like a final one). This searcher reports every epoch's metric as an Optuna
-intermediate value and tells each trial's end as ``study.outcome.trial_outcome``
+intermediate value and tells each trial's end as ``study.trial.trial_outcome``
 says: COMPLETE with its last value when it ran its full schedule, PRUNED when
 ASHA stopped it, FAIL when it errored or its metric is missing or not finite.
 
@@ -30,23 +30,14 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from study.outcome import COMPLETE, FAIL, PRUNED, is_finite_number, trial_outcome
-from study.selection import confirmation_config, extra_seeds, rerun_candidates
+from study.journal import open_storage
+from study.selection import rerun_candidates
 from study.spaces import Space
+from study.trial import COMPLETE, FAIL, PRUNED, confirmation_config, extra_seeds, is_finite_number, trial_outcome
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
-
-
-def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
-    """``journal:PATH`` for a journal file (safe with concurrent writers and torn writes), else an RDB URL; a storage object as it is."""
-    if isinstance(storage, optuna.storages.BaseStorage):
-        return storage
-    from study.journal import RepairingJournalBackend, journal_file
-
-    path = journal_file(storage)
-    return optuna.storages.JournalStorage(RepairingJournalBackend(path)) if path is not None else optuna.storages.RDBStorage(storage)
 
 
 def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:

@@ -8,10 +8,8 @@ the configuration with the best *mean* wins. The summary says how far the
 winner leads the runner-up in standard errors of the difference of the means.
 
 The re-runs are trials of the search's own Tuner, on its warm workers
-(``study.search.ConfirmingSearcher``): a re-run's config carries
-``CONFIRMS_KEY``, the Optuna trial it re-runs, which the scheduler (never
-judges it), the MLflow callback (records it as a ``confirmation`` run) and
-``train_trial`` (trains one schedule of its epochs, no ladder) read. A trial is
+(``study.search.ConfirmingSearcher``); what marks a config as a re-run is
+``study.trial``'s. A trial is
 re-run as soon as it is sure to stay in the top ``k`` (``rerun_candidates``), so the
 re-runs fill the slots the search's last trials leave idle.
 """
@@ -24,19 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CONFIRMS_KEY = "confirms_trial"  # in a re-run's config: the number of the Optuna trial it re-runs
-
 
 def top_complete(values: dict[int, float], k: int, mode: str) -> list[int]:
     """The keys of the ``k`` best finite values (max or min), best first; ties keep key order."""
     finite = [(key, v) for key, v in values.items() if v is not None and math.isfinite(v)]
     finite.sort(key=lambda kv: (-kv[1] if mode == "max" else kv[1], kv[0]))
     return [key for key, _ in finite[:k]]
-
-
-def with_seed(config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The same configuration trained from another seed."""
-    return {**config, "seed": int(seed)}
 
 
 def rerun_candidates(values: dict[int, float], k: int, mode: str, seeds: int, unfinished: int = 0) -> list[int]:
@@ -49,38 +40,6 @@ def rerun_candidates(values: dict[int, float], k: int, mode: str, seeds: int, un
     if seeds < 1 or len(top_complete(values, 2, mode)) < 2:
         return []
     return top_complete(values, max(k - max(unfinished, 0), 0), mode)
-
-
-def confirmation_config(config: dict[str, Any], seed: int, number: int) -> dict[str, Any]:
-    """The config of a re-run of Optuna trial ``number`` from ``seed``."""
-    return {**with_seed(config, seed), CONFIRMS_KEY: int(number)}
-
-
-def confirmed_trial(config: dict[str, Any]) -> int | None:
-    """The Optuna trial a re-run's config re-runs; None for a search trial."""
-    number = config.get(CONFIRMS_KEY)
-    return None if number is None else int(number)
-
-
-def train_part(config: dict[str, Any]) -> dict[str, Any]:
-    """The training config of a trial's config: without ``CONFIRMS_KEY``."""
-    return {k: v for k, v in config.items() if k != CONFIRMS_KEY}
-
-
-def train_trial(config: dict[str, Any], **runtime: Any) -> None:
-    """The study's Ray Tune trainable: ``trainables.dml.train_dml``, with a re-run trained on one schedule of its
-    epochs (no ladder of budgets: the full budget, as ``study.final`` trains it)."""
-    from trainables.dml import train_dml
-
-    if confirmed_trial(config) is not None:
-        runtime = {**runtime, "budgets": None}
-    train_dml(train_part(config), **runtime)
-
-
-def extra_seeds(config: dict[str, Any], n: int) -> list[int]:
-    """``n`` seeds after the configuration's own: seed + 1, ..., seed + n."""
-    base = int(config.get("seed", 0))
-    return [base + i for i in range(1, n + 1)]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ final_budget_factor: 2 # study.final --study trains the pick to 2 x the trials' 
 ``when`` makes a parameter active only when earlier parameters have the given
 value (or one of a list); inactive parameters keep TrainConfig's defaults.
 A bound ``{param: NAME}`` takes the value of an earlier (or fixed) parameter.
-Every name is a config key (DESIGN.md's contract), so the Optuna parameter
+Every name is a config key (the one config contract: the same name in YAML, Optuna, Tune, MLflow and checkpoints), so the Optuna parameter
 names, the Tune config and the MLflow params agree; the one exception is
 ``variant``, the name of the chosen configuration in a ``variants`` space.
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-import mlflow
 import optuna
 
-from study import records, tracking
-from study.search import open_storage
-from study.tracking import UsageError
+from study import console, records, tracking
+from study.inputs import UsageError
+from study.journal import open_storage
+from study.parent import study_parent
+from study.record import StudyRecord
+from study.recorder import TrialRecorder, spool_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,23 +41,22 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_reachable(uri)
         experiment_id = tracking.setup(uri, args.experiment)
-        parent = tracking.find_study_run(mlflow.MlflowClient(uri), experiment_id, args.study)
-        if parent is None:
-            raise UsageError(f"--study {args.study}: no such study in experiment {args.experiment!r} at {uri}")
-        params = parent.data.params
-        study = optuna.load_study(study_name=args.study, storage=open_storage(params["optuna_storage"]))
-        recorder = records.TrialRecorder(uri, experiment_id, parent.info.run_id, args.study, records.spool_path(args.study))
-        if parent.info.status == "FINISHED" and recorder.queued() == 0:
+        run = study_parent(uri, args.experiment, args.study, "--study")
+        record = StudyRecord.from_params(run.data.params, where=f"study {args.study!r}")
+        study = optuna.load_study(study_name=args.study, storage=open_storage(record.optuna_storage))
+        storage = record.optuna_storage
+        recorder = TrialRecorder(uri, experiment_id, run.info.run_id, args.study, spool_path(args.study), optuna_storage=storage)
+        if run.info.status == "FINISHED" and recorder.queued() == 0:
             print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run FINISHED, no records kept)")
             return 0
-        wall_s = float(parent.data.metrics.get("wall_time_s", 0.0))
-        summary = records.finish_study(study, recorder, params["metric"], params["mode"], wall_s)
+        wall_s = float(run.data.metrics.get("wall_time_s", 0.0))
+        named = {"experiment": args.experiment, "final_epochs": record.final_epochs}
+        summary = records.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    named = {"study_name": args.study, "uri": uri, "experiment": args.experiment, "final_epochs": params.get("final_epochs")}
-    records.print_summary({**named, **summary}, params["metric"])
-    return 0 if summary["mlflow_synced"] else 1
+    console.print_study_summary(summary, record.metric)
+    return 0 if summary.mlflow_synced else 1
 
 
 if __name__ == "__main__":

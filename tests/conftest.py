@@ -71,3 +71,23 @@ def write_malicious_pickle(path: Path, target: Path, writer: str = "pickle.dump"
         with open(path, "wb") as fh:
             pickle.dump(payload, fh)
     return path
+
+
+def recorded_params(**values) -> dict[str, str]:
+    """A study's parent-run params as study.launch records them (study.record.StudyRecord), with ``values`` changed;
+    a value of None leaves its param out, as a study recorded before that param existed."""
+    from study.record import StudyRecord
+
+    record = StudyRecord(
+        space="smoke", epochs=4, num_samples=4, scheduler="budget", grace_period=1, reduction_factor=4.0, sampler="tpe",
+        seed=0, metric="val_recall_at_1", confirm_top=3, confirm_seeds=1, max_concurrent=2, cpus_per_trial=1.0,
+        gpus_per_trial=0.0, mode="max", budgets=(1, 4), stratify_by=None, reuse_actors=True, final_epochs=4,
+        optuna_storage="journal:journal.log", storage_path="ray", fit_classes=8, data_root=None, rehearse=None,
+    )  # fmt: skip
+    params = record.to_params()
+    for key, value in values.items():
+        if value is None:
+            params.pop(key, None)
+        else:
+            params[key] = str(value)
+    return params

@@ -338,13 +338,15 @@ def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
 
 def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monkeypatch):
     """study.final --study NAME needs no --data-root: the study's parent run has it (param data_root); the flag and $DML_DATA_ROOT win."""
-    from study import records, tracking
+    from study import parent, tracking
+    from tests.conftest import recorded_params
 
     monkeypatch.delenv("DML_DATA_ROOT", raising=False)
     uri = tracking.resolve_tracking_uri(None)
     client = mlflow.MlflowClient(uri)
     best = write_config(tmp_path / "best_config.yaml")  # logged as the parent's artifact, as a finished study has it
-    records.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), {"data_root": str(tmp_path / "study_root")})
+    recorded = recorded_params(data_root=tmp_path / "study_root")
+    parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded)
     seen = []
 
     def load_data(plan, data_root, download):
@@ -364,14 +366,15 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
 
     --epochs wins; a study recorded before final_epochs existed keeps the trials' epochs.
     """
-    from study import records, tracking
+    from study import parent, tracking
+    from tests.conftest import recorded_params
 
     uri = tracking.resolve_tracking_uri(None)
     client = mlflow.MlflowClient(uri)
     experiment_id = tracking.setup(uri, "dml-studies")
     best = write_config(tmp_path / "best_config.yaml", epochs=3)
-    records.create_parent_run(client, experiment_id, "scaled", str(best), {"epochs": 3, "final_epochs": 6})
-    records.create_parent_run(client, experiment_id, "older", str(best), {"epochs": 3})
+    parent.create_parent_run(client, experiment_id, "scaled", str(best), recorded_params(epochs=3, final_epochs=6))
+    parent.create_parent_run(client, experiment_id, "older", str(best), recorded_params(epochs=3, final_epochs=None))
 
     def epochs(*argv):
         plan = final.make_plan(final.parse_args(list(argv)), uri)
@@ -390,7 +393,7 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 4}, "final_budget_factor": 2.5, "params": {"lr": lr}}))
 
     def final_epochs(*argv):
-        return launch.study_settings(launch.parse_args(list(argv))).parent_params()["final_epochs"]
+        return launch.study_settings(launch.parse_args(list(argv))).record.final_epochs
 
     assert final_epochs("--space", str(space)) == 10
     assert final_epochs("--space", str(space), "--epochs", "3") == 8  # 7.5, half up

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from study import checks, final, launch, report, tracking
+from study import checks, final, inputs, launch, report, tracking
 from study.spaces import SpaceError
 from tests.test_final import TINY
 from tests.test_reliability import SMOKE, assert_nothing_left, refused_port, smoke_with, write
@@ -86,7 +86,7 @@ def test_report_out_never_deletes_or_uploads_what_it_did_not_write(tmp_path, run
 
 
 def test_report_default_folder_of_a_study_name_that_leaves_reports(tmp_path, runs):
-    with pytest.raises(tracking.UsageError, match="--study '../../x': not usable as a folder name"):
+    with pytest.raises(inputs.UsageError, match="--study '../../x': not usable as a folder name"):
         report.out_folder(None, "../../x")
     assert report.out_folder(None, "hand") == (runs / "reports" / "hand").resolve()
 
@@ -239,9 +239,9 @@ def test_trial_resources_no_node_offers_are_refused():
     try:
         checks.check_cluster_resources(1, 0)
         checks.check_cluster_resources(0.5, 0)
-        with pytest.raises(tracking.UsageError, match=r"--cpus-per-trial 2 --gpus-per-trial 0: no node .* the largest have 1 CPUs"):
+        with pytest.raises(inputs.UsageError, match=r"--cpus-per-trial 2 --gpus-per-trial 0: no node .* the largest have 1 CPUs"):
             checks.check_cluster_resources(2, 0)
-        with pytest.raises(tracking.UsageError, match="0 GPUs"):
+        with pytest.raises(inputs.UsageError, match="0 GPUs"):
             checks.check_cluster_resources(1, 0.5)
     finally:
         ray.shutdown()
@@ -267,13 +267,13 @@ def test_yaml_that_expands_without_bound_is_refused(tmp_path, runs, capsys):
     code, err = run_final(["--config", str(config)], capsys)
     assert_refused(code, err, "bomb_config.yaml", "aliases expand to more than")
     for text, needle in (("a: &a [*a]\n", "refers to a value that contains it"), ("x: " + "[" * 5000 + "]" * 5000, "nested too deeply")):
-        with pytest.raises(tracking.UsageError, match=needle):
-            tracking.read_yaml(write(tmp_path / "odd.yaml", text), "a search space")
-    big = write(tmp_path / "big.yaml", "description: " + "x" * (tracking.MAX_YAML_BYTES + 1))
-    with pytest.raises(tracking.UsageError, match="bytes; expected a search space, at most"):
-        tracking.read_yaml(big, "a search space")
+        with pytest.raises(inputs.UsageError, match=needle):
+            inputs.read_yaml(write(tmp_path / "odd.yaml", text), "a search space")
+    big = write(tmp_path / "big.yaml", "description: " + "x" * (inputs.MAX_YAML_BYTES + 1))
+    with pytest.raises(inputs.UsageError, match="bytes; expected a search space, at most"):
+        inputs.read_yaml(big, "a search space")
     with_merge = write(tmp_path / "merge.yaml", "base: &b {x: 1}\nuse: {<<: *b, y: 2}\n")  # aliases within bounds still work
-    assert tracking.read_yaml(with_merge, "x")["use"] == {"x": 1, "y": 2}
+    assert inputs.read_yaml(with_merge, "x")["use"] == {"x": 1, "y": 2}
 
 
 def test_a_key_given_twice_is_refused_and_every_shipped_file_reads(tmp_path, runs, capsys):
@@ -282,7 +282,7 @@ def test_a_key_given_twice_is_refused_and_every_shipped_file_reads(tmp_path, run
     assert_refused(code, err, f"{twice}:18:3:", "key 'lr' appears twice")
     root = Path(__file__).resolve().parents[1]
     for path in [*sorted((root / "search_spaces").glob("*.yaml")), *sorted((root / "configs").glob("*.yaml"))]:
-        assert isinstance(tracking.read_yaml(path, "a shipped file"), dict), path
+        assert isinstance(inputs.read_yaml(path, "a shipped file"), dict), path
 
 
 def nested(key: str, mapping: str) -> str:
@@ -434,7 +434,7 @@ def test_in_shop_queries_without_gallery_images_are_refused(tmp_path):
 
 
 def test_writable_check_names_the_flag(tmp_path):
-    with pytest.raises(tracking.UsageError, match="--storage-path: .* is not writable"):
+    with pytest.raises(inputs.UsageError, match="--storage-path: .* is not writable"):
         launch.check_storage(str(write(tmp_path / "f", "x") / "ray"))
     assert launch.check_storage(str(tmp_path / "new" / "ray")) == str(tmp_path / "new" / "ray")
     assert not [p for p in (tmp_path / "new" / "ray").iterdir()]  # the probe is gone

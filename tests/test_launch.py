@@ -15,9 +15,9 @@ import optuna
 import pytest
 import yaml
 
-from study import launch, records, tracking
+from study import launch, recorder, tracking
 from study.search import open_storage
-from study.selection import CONFIRMS_KEY
+from study.trial import CONFIRMS_KEY
 
 pytestmark = pytest.mark.slow
 EPOCHS = 4
@@ -203,12 +203,13 @@ def test_report_of_the_study(two_node_study, tmp_path, capsys):
 
 def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     """--resume without --space / --epochs continues with the study's own, read back from its parent run's params."""
-    from study import records, tracking
+    from study import parent, tracking
 
     started = launch.study_settings(launch.parse_args(["--space", "smoke", "--epochs", "3", "--study-name", "earlier"]))
     uri = tracking.resolve_tracking_uri(None)
     experiment_id = tracking.setup(uri, "dml-studies")
-    records.create_parent_run(mlflow.MlflowClient(uri), experiment_id, "earlier", started.space.path, started.parent_params())
+    recorded = started.with_slots({"CPU": 2.0}).record.to_params()
+    parent.create_parent_run(mlflow.MlflowClient(uri), experiment_id, "earlier", started.space.path, recorded)
     (runs / "ray" / "earlier").mkdir(parents=True)
 
     args = launch.parse_args(["--resume", "--study-name", "earlier"])
@@ -295,7 +296,7 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
     assert parent.data.tags["best_pick"] == selection["verdict"]
     text = "\n".join(report.study_report(client, parent, tmp_path, top=5))  # the report names the pick and says why
-    picked = records.run_name("trial", winner.user_attrs["tune_trial_id"], winner.number)
+    picked = recorder.run_name("trial", winner.user_attrs["tune_trial_id"], winner.number)
     assert f"picked: {picked}, the best mean; {selection['verdict']}" in text and "The picked trial's config" in text
 
 

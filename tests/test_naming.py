@@ -17,10 +17,12 @@ import optuna
 import pytest
 import torch
 
-from study import console, records, sync, tracking
+from study import console, parent, sync, tracking
 from study.callbacks import MlflowTrials, result_metrics, result_step, time_left
-from study.records import TrialRecorder, describe_optuna_study
-from study.search import open_storage
+from study.journal import open_storage
+from study.recorder import TrialRecorder
+from study.records import StudySummary, describe_optuna_study
+from tests.conftest import recorded_params
 from trainables.core.config import LOSS_KEYS, TrainConfig, applicable_keys
 from trainables.core.engine import fit
 
@@ -99,16 +101,20 @@ def test_a_config_of_its_applicable_keys_trains_the_same_model(config):
 
 
 # ----------------------------------------------------------------------------- trial runs and the Optuna study
+def study_url(runs) -> str:
+    return f"journal:{runs / 'journal.log'}"
+
+
 @pytest.fixture
 def study_store(runs):
     """A parent run in a local MLflow store whose optuna_storage param names a journal with study "s"."""
     uri = tracking.resolve_tracking_uri(None)
     experiment_id = tracking.setup(uri, "naming")
-    storage_url = f"journal:{runs / 'journal.log'}"
+    storage_url = study_url(runs)
     study = optuna.create_study(study_name="s", storage=open_storage(storage_url), direction="maximize")
     client = mlflow.MlflowClient(uri)
-    parent = records.create_parent_run(client, experiment_id, "s", str(Path(__file__)), {"optuna_storage": storage_url, "space": "smoke"})
-    return uri, experiment_id, parent, study, client
+    parent_id = parent.create_parent_run(client, experiment_id, "s", str(Path(__file__)), recorded_params(optuna_storage=storage_url))
+    return uri, experiment_id, parent_id, study, client
 
 
 def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_both_ways(study_store, runs):
@@ -116,7 +122,7 @@ def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_
     study.ask()  # trial 0, another searcher's
     trial = study.ask()
     trial.set_user_attr("tune_trial_id", "ab12cd34")
-    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"))
+    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"), optuna_storage=study_url(runs))
     recorder.submit({"op": "start", "trial_id": "ab12cd34", "kind": "trial", "config": {"loss": "ice", "lr": 0.002}})
     run = client.get_run(recorder.run_ids["ab12cd34"])
     assert run.info.run_name == "trial-1-ab12cd34" and run.data.tags["optuna_trial_number"] == "1"
@@ -127,11 +133,11 @@ def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_
 
 
 def test_a_confirmation_run_names_the_optuna_trial_it_re_runs(study_store, runs):
-    from study.selection import CONFIRMS_KEY
+    from study.trial import CONFIRMS_KEY
 
     uri, experiment_id, parent, _, client = study_store
     config = {"loss": "ice", "lr": 0.002, "seed": 1, CONFIRMS_KEY: 7}  # the seed-1 re-run of Optuna trial #7
-    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"))
+    recorder = TrialRecorder(uri, experiment_id, parent, "s", str(runs / "spool.jsonl"), optuna_storage=study_url(runs))
     callback = MlflowTrials(recorder, "val_recall_at_1", 4)
     callback.on_trial_start(0, [], SimpleNamespace(trial_id="ef57", config=config))
     run = client.get_run(recorder.run_ids["ef57"])
@@ -204,8 +210,8 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     log.parent.mkdir(parents=True)
     log.write_text("")
     metrics = {"wall_time_s": 60.0, "n_trials": 1, "n_complete": 1, "n_pruned": 0, "n_failed": 0, "epochs_spent": 4.0}
-    outcome = {"study_name": "s", "uri": "sqlite:///x.db", "experiment": "e", "metrics": metrics, "best": trial, "final_epochs": 32}
-    records.print_summary({**outcome, "best_config": trial.user_attrs["config"]}, "val_recall_at_1")
+    named = {"study_name": "s", "uri": "sqlite:///x.db", "experiment": "e", "final_epochs": 32}
+    console.print_study_summary(StudySummary(metrics, trial, trial.user_attrs["config"], **named), "val_recall_at_1")
     out = capsys.readouterr().out
     assert f"{console.python_command('study.final')} --study s --experiment e\n" in out
     assert "(32 epochs, seeds 3, 4, 5;" in out  # the budget study.final --study will train to

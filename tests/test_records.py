@@ -22,10 +22,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from study import records
+from study import parent, records
 from study.callbacks import MlflowTrials
 from study.interrupts import StudyInterrupted
-from study.records import TrialRecorder
+from study.recorder import TrialRecorder
 from tests.conftest import ROOT
 from trainables.core.config import TrainConfig
 
@@ -157,7 +157,7 @@ def test_a_restarted_driver_finds_the_run_and_never_logs_a_step_twice(tmp_path, 
     assert mlflow_fake.steps(trials["a"]) == [1, 2, 3]
 
 
-def test_records_wait_in_the_spool_while_mlflow_is_down(tmp_path, mlflow_fake, capsys):
+def test_records_wait_in_the_spool_while_mlflow_is_down(tmp_path, mlflow_fake, caplog):
     spool = tmp_path / "spool" / "s.jsonl"
     recorder = recorder_for(mlflow_fake, spool)
     recorder.submit(start("a"))
@@ -167,7 +167,7 @@ def test_records_wait_in_the_spool_while_mlflow_is_down(tmp_path, mlflow_fake, c
     kept = [json.loads(line) for line in spool.read_text().splitlines()]
     assert [op["op"] for op in kept] == ["result", "result", "complete"] and [op.get("step") for op in kept[:2]] == [1, 2]
     assert [e["event"] for e in recorder.events()] == ["unreachable"]
-    assert "unreachable" in capsys.readouterr().out
+    assert "unreachable" in caplog.text  # a warning of study.recorder's logger
     assert mlflow_fake.steps(mlflow_fake.trials()["a"]) == []
 
     calls = sum(mlflow_fake.calls.values())
@@ -202,7 +202,8 @@ def test_recorder_pickles_without_its_client_and_queue(tmp_path, mlflow_fake):
     recorder = TrialRecorder("http://mlflow.test", "0", "run0", "s", str(tmp_path / "s.jsonl"))
     recorder._client, recorder.run_ids = mlflow_fake, {"a": "run1"}
     state = recorder.__getstate__()
-    assert state["_client"] is None and state["run_ids"] == {} and state["pending"] is None
+    assert "_client" not in state and "run_ids" not in state and "_writer" not in state
+    assert pickle.loads(pickle.dumps(recorder)).run_ids == {}
 
 
 # -- the background writer (what the study's Tune callback uses) ---------------------------
@@ -325,15 +326,21 @@ def test_with_the_writer_an_outage_keeps_records_and_the_writer_writes_them_when
 
 
 def test_a_recorder_with_a_writer_pickles_and_copies_without_it(tmp_path, mlflow_fake):
+    """Tune's callbacks are copies: their ops go to the spool for the driver's writer, and once it is closed they are written at once."""
     recorder = TrialRecorder("http://mlflow.test", "0", "run0", "s", str(tmp_path / "s.jsonl"))  # connects with MlflowClient
     recorder.start_writer()
     callback = MlflowTrials(recorder, "val_recall_at_1", 4)
-    for copy in (pickle.loads(pickle.dumps(recorder)), copy_module.deepcopy(callback).recorder):
-        assert copy._writer is None and copy.pending is None
+    copies = (pickle.loads(pickle.dumps(recorder)), copy_module.deepcopy(callback).recorder)
+    recorder.connect = lambda uri: mlflow_fake
+    for copy in copies:
+        assert copy._writer is None and copy.run_ids == {}
         copy.connect = lambda uri: mlflow_fake
-        copy.submit(start(f"copy{id(copy)}"))  # no writer: written at once
-        assert f"copy{id(copy)}" in mlflow_fake.trials()
+        copy.submit(start(f"copy{id(copy)}"))  # the driver's writer applies it
     recorder.close_writer()
+    assert recorder.flush(force=True) is True
+    assert {f"copy{id(copy)}" for copy in copies} <= set(mlflow_fake.trials())
+    copies[0].submit(start("later"))  # no writer runs: written at once
+    assert "later" in mlflow_fake.trials()
 
 
 # -- a study that stops early, and one that ends ----------------------------------------
@@ -349,7 +356,7 @@ def test_stopped_on_failure_marks_the_runs_and_reraises(tmp_path, mlflow_fake, e
     recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
     for op in (start("a"), start("b"), complete("b")):
         recorder.submit(op)
-    with pytest.raises(type(error)), records.stopped_on_failure(mlflow_fake, "0", "run0"):
+    with pytest.raises(type(error)), parent.stopped_on_failure(mlflow_fake, "0", "run0"):
         raise error
     trials = mlflow_fake.trials()
     assert trials["a"].info.status == "FAILED" and trials["a"].data.tags["failure_reason"] == f"study stopped: {reason}"
@@ -358,7 +365,7 @@ def test_stopped_on_failure_marks_the_runs_and_reraises(tmp_path, mlflow_fake, e
 
 
 def test_stopped_on_failure_lets_a_study_that_ends_well_alone(mlflow_fake):
-    with records.stopped_on_failure(mlflow_fake, "0", "run0"):
+    with parent.stopped_on_failure(mlflow_fake, "0", "run0"):
         pass
     assert mlflow_fake.runs["run0"].info.status == "RUNNING" and sum(mlflow_fake.calls.values()) == 1
 
@@ -374,7 +381,7 @@ def test_summarize_study_counts_and_picks_the_best_complete_trial():
             trial.report(value, step)
         study.tell(trial, steps[-1] if state == TrialState.COMPLETE else None, state=state)
     summary = records.summarize_study(study, "max", 12.0)
-    assert summary["metrics"] == {
+    assert summary.metrics == {
         "n_trials": 4,
         "n_complete": 2,
         "n_pruned": 1,
@@ -382,8 +389,8 @@ def test_summarize_study_counts_and_picks_the_best_complete_trial():
         "wall_time_s": 12.0,
         "epochs_spent": 5.0,
     }
-    assert summary["best"].number == 2 and summary["best_config"] == {"lr": 2}  # the pruned trial's 0.9 does not count
-    assert records.summarize_study(study, "min", 0.0)["best"].number == 0
+    assert summary.best.number == 2 and summary.best_config == {"lr": 2}  # the pruned trial's 0.9 does not count
+    assert records.summarize_study(study, "min", 0.0).best.number == 0
 
 
 def test_a_driver_recorder_that_flushed_before_the_tuner_writes_what_the_callbacks_copy_kept(tmp_path, mlflow_fake):
@@ -417,7 +424,8 @@ def test_a_torn_last_line_of_the_spool_is_skipped_and_ended_before_the_next_op(t
             f.write('{"op": "result", "trial_id": "a", "st')  # an append torn by a full disk or a kill
         recorder.submit(epoch("a", 1))
         lines = spool.read_text().splitlines()
-        assert len(lines) == 3 and json.loads(lines[-1])["step"] == 1  # on a line of its own, after the torn one
+        assert len(lines) == 2 and json.loads(lines[-1])["step"] == 1  # on a line of its own: the torn tail was cut off ...
+        assert (tmp_path / "s.jsonl.torn").read_text().startswith('{"op": "result", "trial_id": "a", "st')  # ... and kept
         assert recorder_for(fake, spool).queued() == 2  # what a later driver reads: the torn op (never acknowledged) skipped
     finally:
         fake.gate.set()
@@ -426,12 +434,14 @@ def test_a_torn_last_line_of_the_spool_is_skipped_and_ended_before_the_next_op(t
     assert fake.steps(fake.trials()["a"]) == [1] and not spool.exists()
 
 
-def test_stop_writers_stops_the_writer_of_every_copy(tmp_path, mlflow_fake):
+def test_the_driver_closes_its_writer_and_a_copy_leaves_its_ops_to_it(tmp_path, mlflow_fake):
+    """The driver owns the one writer: a copy's submit while it runs leaves the op to it; close_writer stops the thread."""
     recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
-    copies = [recorder, copy_module.deepcopy(recorder)]
-    for each in copies:
-        each.start_writer()
-    threads = [each._writer for each in copies]
-    records.stop_writers()
-    assert not any(thread.is_alive() for thread in threads) and all(each._writer is None for each in copies)
-    assert not list(records.RUNNING_WRITERS)
+    copy = copy_module.deepcopy(recorder)
+    recorder.start_writer()
+    thread = recorder._writer
+    assert copy.flush(force=True) is False  # the driver's writer holds the spool
+    copy.submit(start("a"))
+    recorder.close_writer()
+    assert not thread.is_alive() and recorder._writer is None and copy._writer is None
+    assert recorder.flush(force=True) is True and "a" in mlflow_fake.trials()

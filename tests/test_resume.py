@@ -14,7 +14,7 @@ import mlflow
 import pytest
 
 from study import tracking
-from study.selection import CONFIRMS_KEY
+from study.trial import CONFIRMS_KEY
 from tests.conftest import ROOT
 from tests.test_launch import study_records
 
@@ -53,6 +53,12 @@ def start_driver(argv: list[str], env: dict, output=subprocess.PIPE) -> subproce
     return subprocess.Popen(
         [sys.executable, "-m", "study.launch", *argv], cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output, **kwargs
     )
+
+
+def run_driver(argv: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m study.launch ARGV`` to its end, its output kept (a generous limit, not a timing)."""
+    command = [sys.executable, "-m", "study.launch", *argv]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
 
 
 def run_and_kill(argv: list[str], env: dict, until) -> None:
@@ -96,15 +102,7 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     run_and_kill(start, env, lambda: any(e >= 2 for e in epochs_logged(runs, "killed")))
     first = epochs_logged(runs, "killed")
     run_and_kill(resume, env, lambda: snapshot_has_a_running_re_run(runs / "ray" / "killed", epochs))
-    out = subprocess.run(
-        [sys.executable, "-m", "study.launch", *resume],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,
-    )
+    out = run_driver(resume, env)
     assert out.returncode == 0, out.stderr[-3000:]
     client, parent, children, study = study_records(runs, "killed")
     parent = parent[0]

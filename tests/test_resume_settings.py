@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from study import launch, records, tracking
+from study import launch, parent, tracking
 
 
 @pytest.fixture
@@ -15,7 +15,8 @@ def recorded_study(runs):
     settings = launch.study_settings(launch.parse_args(argv))
     experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
     client = mlflow.MlflowClient(settings.tracking_uri)
-    parent_id = records.create_parent_run(client, experiment_id, "s", settings.space.path, settings.parent_params())
+    recorded = settings.with_slots({"CPU": 2.0})  # the study's start, on a 2-CPU Ray
+    parent_id = parent.create_parent_run(client, experiment_id, "s", settings.space.path, recorded.record.to_params())
     (runs / "ray" / "s").mkdir(parents=True)
     return client, parent_id
 
@@ -41,7 +42,8 @@ def test_resume_refuses_a_changed_setting_in_one_line(recorded_study, capsys, fl
 
 def test_resume_takes_the_settings_the_command_line_leaves_out_from_the_study(recorded_study):
     settings = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--epochs", "6"]))
-    assert (settings.seed, settings.max_epochs, settings.num_samples, settings.confirm_seeds) == (3, 6, 5, 0)
+    record = settings.record
+    assert (record.seed, settings.max_epochs, record.num_samples, record.confirm_seeds) == (3, 6, 5, 0)
     assert settings.space.name == "smoke"
 
 
@@ -55,13 +57,10 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(recorded_study, c
     assert after.info.status == "FINISHED" and after.data.metrics == before.metrics and after.data.tags == before.tags
 
 
-def test_max_concurrent_defaults_to_what_the_cluster_holds(runs, monkeypatch):
-    import ray
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0, "memory": 1e9})  # the running cluster's resources
-    settings = launch.study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"]))
-    given = launch.study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"]))
+def test_max_concurrent_defaults_to_what_the_cluster_holds(runs):
+    resources = {"CPU": 3.0, "memory": 1e9}  # the running cluster's resources
+    settings = launch.study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"])).with_slots(resources)
+    given = launch.study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"])).with_slots(resources)
     assert settings.slots == 6  # 3 CPUs / 0.5 per trial
     assert given.slots == 7  # as given: an autoscaling cluster may grow to it
-    assert settings.parent_params()["max_concurrent"] == 6  # what --resume continues with
+    assert settings.record.to_params()["max_concurrent"] == "6"  # what --resume continues with

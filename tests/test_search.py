@@ -13,9 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from study.outcome import COMPLETE, FAIL, PRUNED, epochs_done, trial_outcome
 from study.search import OptunaSearcher, open_storage
 from study.spaces import parse_space
+from study.trial import COMPLETE, FAIL, PRUNED, epochs_done, trial_outcome
 
 METRIC, EPOCHS = "val_recall_at_1", 3
 SEARCHED = {
@@ -255,7 +255,7 @@ def test_a_top_trial_is_re_run_once_no_running_trial_can_push_it_out_of_the_top(
     trial down two places, so only the best (b) is sure to stay in the top 3 -> b re-runs first; c waits for d."""
     from ray.tune.search import Searcher
 
-    from study.selection import CONFIRMS_KEY
+    from study.trial import CONFIRMS_KEY
 
     searcher = confirming(optuna.storages.InMemoryStorage(), trials=5)
     configs = {tid: searcher.suggest(tid) for tid in "abcde"}
@@ -279,7 +279,7 @@ def test_re_runs_take_each_extra_seed_and_survive_a_restore(tmp_path):
     from ray.tune.search import Searcher
 
     from study.search import ConfirmingSearcher
-    from study.selection import confirmed_trial
+    from study.trial import confirmed_trial
 
     storage = f"journal:{tmp_path / 'journal.log'}"
     searcher = confirming(storage, trials=2, top=2, seeds=2)
@@ -337,7 +337,7 @@ def test_the_halving_schedulers_never_judge_a_re_run_nor_rank_others_against_it(
     from ray.tune.schedulers import TrialScheduler
 
     from study.schedulers import make_early_stopping
-    from study.selection import CONFIRMS_KEY
+    from study.trial import CONFIRMS_KEY
 
     scheduler = make_early_stopping(kind, 4, 1, 2, "loss" if kind == "budget" else None).scheduler
     scheduler.set_search_properties(METRIC, "max")

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from study.selection import extra_seeds, select, top_complete, with_seed
+from study.selection import select, top_complete
+from study.trial import extra_seeds, with_seed
 
 
 def test_top_complete_orders_by_mode_and_skips_missing_values():
@@ -100,7 +101,7 @@ def test_selection_ranks_the_top_trials_by_the_mean_of_their_re_runs():
     import optuna
 
     from study import launch
-    from study.selection import confirmation_config
+    from study.trial import confirmation_config
 
     study = optuna.create_study(direction="maximize")
     for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
@@ -118,7 +119,7 @@ def test_selection_ranks_the_top_trials_by_the_mean_of_their_re_runs():
     results = [outcome(configs[n], study.trials[n].value) for n in range(4)]  # the search's own trials
     results += [outcome(confirmation_config(configs[n], 1, n), v) for n, v in rerun.items()]  # trial 0 is not in the top 3
     results.append(outcome(confirmation_config(configs[2], 2, 2), 0.1, error=RuntimeError("lost")))  # a failed re-run counts nothing
-    settings = SimpleNamespace(confirm_top=3, rerun_seeds=1, mode="max", metric="val_recall_at_1")
+    settings = SimpleNamespace(record=SimpleNamespace(confirm_top=3, mode="max", metric="val_recall_at_1"), rerun_seeds=1)
     selection = launch.selection_of(settings, study, results)
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.95, 0.945

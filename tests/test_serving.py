@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 
 from study import final, pyfunc
-from tests.conftest import omniglot_root
+from tests.conftest import omniglot_root, recorded_params
 from tests.test_final import TINY
 from trainables.core.checkpoint import save_bundle
 from trainables.core.config import TrainConfig
@@ -203,6 +203,8 @@ def fake_study(uri: str, experiment: str, name: str, artifacts: Path) -> str:
     client = mlflow.MlflowClient(uri)
     experiment_id = client.create_experiment(experiment, artifact_location=artifacts.as_uri())
     run_id = client.create_run(experiment_id, run_name=name, tags={"study_name": name, "kind": "study"}).info.run_id
+    recorded = recorded_params(final_epochs=None)  # the study's record; the pick retrains to its own epochs
+    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in recorded.items()])
     client.log_dict(run_id, {**TINY, "epochs": 1}, "best_config.yaml")
     client.set_terminated(run_id)
     return run_id

@@ -4,7 +4,7 @@ Every dataset yields two class-disjoint :class:`ImageSet` s: ``train`` (the
 dataset's standard training classes) and ``test`` (its standard held-out
 classes; for In-shop, ``test`` holds the queries and ``gallery`` the gallery).
 :func:`split_classes` then cuts the training classes into *fit* and
-*validation* classes (DESIGN.md's protocol): studies train on fit and are
+*validation* classes (the project's protocol): studies train on fit and are
 scored on validation; only final training touches the test classes.
 
 Datasets are found under a data root (``--data-root`` or the ``DML_DATA_ROOT``

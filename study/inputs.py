@@ -1,0 +1,112 @@
+"""What a user gives the study commands, read safely: ``UsageError`` (bad input, one line, exit status 2) and YAML.
+
+Search spaces, configs and best_config.yaml files are read with a bounded safe loader: a few kB each, no alias
+bombs, no key given twice. This module imports neither MLflow, Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class UsageError(ValueError):
+    """Bad input from the command line or a file; printed as one line, exit status 2."""
+
+
+MAX_YAML_BYTES = 1 << 20  # search spaces and configs are a few kB
+MAX_YAML_NODES = 100_000  # after aliases are expanded; the shipped files have a few hundred
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses documents whose aliases expand past MAX_YAML_NODES nodes, or refer to themselves.
+
+    Aliases are shared, not copied, while loading, so a "billion laughs" file loads in microseconds;
+    it is whoever walks the result (str(), validation, MLflow params) that expands it to gigabytes.
+    """
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_nodes(node)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        """A key given twice in one mapping is an error (PyYAML keeps the last silently); merged keys (<<) may be overridden."""
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                key = (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+                if key is None or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key_node.value!r} appears twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """The number of nodes of ``root`` with every alias expanded; ValueError past MAX_YAML_NODES or on a cycle."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = [] if isinstance(node, yaml.ScalarNode) else node.value
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in children for part in pair]
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_YAML_NODES:
+                raise ValueError(f"its aliases expand to more than {MAX_YAML_NODES} values")
+            continue
+        if id(node) in open_nodes:
+            raise ValueError("an alias refers to a value that contains it")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def parse_yaml(text: str, where: str, what: str) -> Any:
+    """Parse YAML ``text`` safely and within bounds; any problem is a UsageError naming ``where`` and ``what`` was expected."""
+    if len(text) > MAX_YAML_BYTES:
+        raise UsageError(f"{where}: {len(text)} characters; expected {what}, at most {MAX_YAML_BYTES} characters")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UsageError(f"{where}{at}: YAML syntax error ({problem}); expected {what}") from None
+    except ValueError as error:
+        raise UsageError(f"{where}: refused: {error}; expected {what}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply; expected {what}") from None
+
+
+def read_yaml(path: str | os.PathLike, what: str) -> Any:
+    """Parse a YAML file (see ``parse_yaml``); any problem is a UsageError naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{file}: file not found; expected {what}")
+    try:
+        if file.stat().st_size > MAX_YAML_BYTES:
+            raise UsageError(f"{file}: {file.stat().st_size} bytes; expected {what}, at most {MAX_YAML_BYTES} bytes")
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{file}: unreadable ({error}); expected {what}") from None
+    return parse_yaml(text, str(file), what)
+
+
+def write_yaml(path: str | os.PathLike, data: Any) -> Path:
+    path = Path(path)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,0 +1,334 @@
+"""The trial records of a study: one MLflow child run per Tune trial, written by the driver only, never lost.
+
+Every trial event is an operation ({"op": "start" | "result" | "complete" | "error", "trial_id": ...}) that
+``TrialRecorder.submit`` appends to the study's spool file (``study.lines.Spool``) before anything else. One
+writer at a time applies the spool to MLflow, in order, and drops what it applied:
+
+- during a study, the driver's writer thread (``start_writer`` ... ``close_writer``, held by an ``flock`` on
+  ``<spool>.writer``), so Tune's loop, which holds a reporting trial until its callbacks return, never waits
+  on MLflow. Tune works on copies of its callbacks (and a resumed study on unpickled ones): their ``submit``
+  only appends, and the driver's writer picks the op up;
+- without a writer (``study.sync``, the end of a study, a test), ``submit`` applies at once (``flush``).
+
+While MLflow is unreachable the operations stay in the spool and are applied when it returns (the writer
+retries every ``retry_every_s``), at the end of the study, by a resumed study or by ``python -m study.sync``.
+Applying is idempotent: a run is found by its ``trial_id`` tag before one is created, and an epoch already
+logged is skipped, so an op applied just before a kill is not written twice.
+
+This module imports no Ray and no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import mlflow
+import optuna
+from mlflow.entities import Metric, Param, RunTag
+
+from study.journal import open_storage
+from study.lines import Spool
+from study.tracking import child_runs, first_error_line, runs_dir
+from trainables.core.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
+
+# child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
+TRIAL_KINDS = ("trial", "confirmation")
+LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+PERSIST_EVERY = 64  # a long drain drops what it applied from the spool after this many ops, so a kill replays at most these
+UNPICKLED = ("_client", "_study", "run_ids", "logged_step", "_numbers", "_indexed", "_wake", "_closing", "_writer", "_flushing")
+
+
+def spool_path(study_name: str) -> str:
+    """Where the trial records of ``study_name`` wait to be written to MLflow: ``<runs dir>/spool/NAME.jsonl``."""
+    return str(runs_dir() / "spool" / f"{study_name}.jsonl")
+
+
+def training_runs(client, experiment_id: str, parent_id: str) -> list:
+    """The child runs of a study that train: its trials and its confirmation re-runs (``TRIAL_KINDS``)."""
+    return [run for kind in TRIAL_KINDS for run in child_runs(client, experiment_id, parent_id, kind=kind)]
+
+
+def run_name(kind: str, trial_id: str, number: int | None) -> str:
+    """``trial-<Optuna number>-<Tune trial id>``, or ``confirm-<number of the trial it re-runs>-<id>`` for a confirmation run.
+
+    Without a number: ``trial-<id>``, ``confirm-<id>``.
+    """
+    if kind == "confirmation":
+        return f"confirm-{number}-{trial_id}" if number is not None else f"confirm-{trial_id}"
+    return f"trial-{number}-{trial_id}" if number is not None else f"trial-{trial_id}"
+
+
+def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Every TrainConfig key of a trial's config, defaults filled in (the config as given when it does not validate)."""
+    try:
+        return TrainConfig.from_dict(dict(config), source="trial config").to_dict()
+    except ConfigError:
+        return dict(sorted(config.items()))
+
+
+def writer_lock(spool: str, wait: bool) -> IO[str] | None:
+    """The spool's writer lock (an ``flock`` on ``<spool>.writer``, released when the returned file is closed);
+    None when another writer holds it and ``wait`` is False."""
+    os.makedirs(os.path.dirname(spool) or ".", exist_ok=True)
+    fh = open(spool + ".writer", "a")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+class TrialRecorder:
+    """Writes trial events to MLflow as child runs of a study (see the module docstring).
+
+    A search trial's run is named ``trial-<Optuna number>-<Tune trial id>`` and logs the trial's full resolved
+    config (every TrainConfig key) as params; with the study's ``optuna_storage`` (URL) the Optuna trial gets
+    the run's id as its ``mlflow_run_id`` user attribute. ``connect(tracking_uri)`` makes the MLflow client.
+    """
+
+    retry_every_s = 15.0
+    poll_s = 0.2  # how soon the driver's writer sees an op that a copy of the recorder appended
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_id: str,
+        parent_run_id: str,
+        study_name: str,
+        spool: str,
+        connect: Callable[[str], Any] = mlflow.MlflowClient,
+        optuna_storage: str | None = None,
+    ) -> None:
+        self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
+        self.study_name, self.spool, self.connect, self.optuna_storage = study_name, spool, connect, optuna_storage
+        self.queue = Spool(spool)
+        self.offline_since: float | None = None
+        self.last_attempt = 0.0
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """What a recorder holds in memory only: the client, what it has written, its writer thread."""
+        self._client: Any = None
+        self._study: optuna.Study | None = None
+        self.run_ids: dict[str, str] = {}
+        self.logged_step: dict[str, int] = {}
+        self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
+        self._indexed = 0  # the Optuna trials read into _numbers
+        self._wake, self._closing = threading.Event(), threading.Event()
+        self._writer: threading.Thread | None = None
+        self._flushing = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in UNPICKLED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fresh()  # a copy (Tune's callbacks are copies) or an unpickled recorder starts with no writer of its own
+
+    # -- the queue --------------------------------------------------------------
+    def queued(self) -> int:
+        """How many operations wait in the spool to be written."""
+        return len(self.queue.read())
+
+    def submit(self, op: dict[str, Any]) -> None:
+        """Queue ``op``: it is in the spool file when this returns; without a running writer it is also applied (or kept)."""
+        self.queue.append(op)  # a failed append queues nothing and raises
+        if self._writer is not None:
+            self._wake.set()
+            return
+        self.flush()  # the spool's writer, if one runs, applies it; else this applies every op kept, in order
+
+    def flush(self, force: bool = False) -> bool:
+        """Apply the queued operations in order; True when nothing is left queued.
+
+        Leaves them (False) while another writer runs, or within ``retry_every_s`` of a failed try unless ``force``.
+        """
+        with self._flushing:
+            held = writer_lock(self.spool, wait=False)
+            if held is None:
+                return False
+            with held:
+                return self._drain(force)
+
+    def _drain(self, force: bool) -> bool:
+        """Apply the spool (the caller holds the writer lock); False when MLflow failed, the rest kept."""
+        if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
+            return False
+        self.last_attempt = time.time()
+        while ops := self.queue.read():
+            applied = 0
+            try:
+                for op in ops:
+                    self._apply(op)
+                    applied += 1
+                    if applied % PERSIST_EVERY == 0:
+                        self.queue.drop(PERSIST_EVERY)
+            except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
+                self.queue.drop(applied % PERSIST_EVERY)
+                self._went_offline(error)
+                return False
+            self.queue.drop(applied % PERSIST_EVERY)
+        self._came_back()
+        return True
+
+    # -- the driver's writer ------------------------------------------------------
+    def start_writer(self) -> None:
+        """From now on ``submit`` (here and in this recorder's copies) returns once the op is in the spool; a thread
+        of this recorder applies it. ``close_writer`` stops it. Waits while another process writes this spool."""
+        if self._writer is not None:
+            return
+        self._closing.clear()
+        lock = writer_lock(self.spool, wait=True)  # held by the thread until it stops: copies leave their ops to it
+        self._writer = threading.Thread(target=self._write_loop, args=(lock,), name="mlflow-trial-records", daemon=True)
+        self._writer.start()
+
+    def close_writer(self) -> None:
+        """Stop the writer after the op it is applying; what it has not applied stays queued (``flush(force=True)`` next)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._closing.set()
+            self._wake.set()
+            writer.join()  # at most the op being applied: every MLflow call is bounded (tracking.configure_mlflow)
+
+    def _write_loop(self, lock: IO[str]) -> None:
+        with lock:
+            while not self._closing.is_set():
+                try:
+                    written = self._drain(force=False)
+                except OSError as error:  # the spool could not be rewritten (a full disk): its ops stay queued
+                    log.warning("the trial records' spool %s could not be written (%s); trying again", self.spool, error)
+                    written = False
+                self._wake.wait(self.poll_s if written else self.retry_every_s)
+                self._wake.clear()
+
+    # -- outages ------------------------------------------------------------------
+    def _went_offline(self, error: Exception) -> None:
+        self._client = None
+        if self.offline_since is not None:
+            return
+        self.offline_since = time.time()
+        reason = first_error_line(str(error))
+        self._event("unreachable", reason[:500])
+        log.warning(
+            "MLflow at %s is unreachable (%s); training goes on and records are kept in %s until it returns",
+            self.tracking_uri,
+            reason[:200],
+            self.spool,
+        )
+
+    def _came_back(self) -> None:
+        events = self.events()
+        if self.offline_since is None and not (events and events[-1]["event"] == "unreachable"):
+            return
+        since = self.offline_since or events[-1]["time"]
+        log.warning("MLflow at %s is reachable again; the kept records are written", self.tracking_uri)
+        self._event("reachable again", f"after {time.time() - since:.0f} s")
+        self.offline_since = None
+
+    def _event(self, what: str, detail: str) -> None:
+        """Outages are logged beside the spool (``.events``), where the study's end summary reads them."""
+        os.makedirs(os.path.dirname(self.spool) or ".", exist_ok=True)
+        with open(f"{self.spool}.events", "a") as f:
+            f.write(json.dumps({"time": time.time(), "event": what, "detail": detail}) + "\n")
+
+    def events(self) -> list[dict[str, Any]]:
+        if not os.path.exists(f"{self.spool}.events"):
+            return []
+        with open(f"{self.spool}.events") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    # -- applying one operation ---------------------------------------------------
+    @property
+    def client(self):
+        """The MLflow client; on (re)connecting, the child runs already written and their last epochs are read back."""
+        if self._client is None:
+            client = self.connect(self.tracking_uri)
+            for run in training_runs(client, self.experiment_id, self.parent_run_id):
+                trial_id = run.data.tags.get("trial_id")
+                if trial_id:
+                    self.run_ids[trial_id] = run.info.run_id
+                    steps = [m.step for m in client.get_metric_history(run.info.run_id, LOGGED_EVERY_EPOCH)]
+                    self.logged_step[trial_id] = max(steps, default=0)
+            self._client = client
+        return self._client
+
+    @property
+    def study(self) -> optuna.Study | None:
+        """The study's Optuna study (None without an Optuna storage, or when it holds no such study)."""
+        if self._study is None and self.optuna_storage:
+            with contextlib.suppress(KeyError):
+                self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.optuna_storage))
+        return self._study
+
+    def optuna_number(self, trial_id: str) -> int | None:
+        """The number of the Optuna trial the searcher asked for Tune trial ``trial_id`` (None: not an Optuna trial).
+
+        Each Optuna trial is read once: a miss reads on from the first trial that no Tune trial had named yet
+        (the searcher names a trial just after asking for it; another searcher's trials never are).
+        """
+        if trial_id not in self._numbers and self.study is not None:
+            trials = self.study.get_trials(deepcopy=False)
+            gap = None
+            for trial in trials[self._indexed :]:
+                named = trial.user_attrs.get("tune_trial_id")
+                if named is not None:
+                    self._numbers[named] = trial.number
+                elif gap is None:
+                    gap = trial.number
+            self._indexed = len(trials) if gap is None else gap
+        return self._numbers.get(trial_id)
+
+    def _link_optuna_trial(self, number: int, run_id: str) -> None:
+        """The Optuna trial names its MLflow run (user attribute ``mlflow_run_id``) while it can still be changed."""
+        frozen = self.study.get_trials(deepcopy=False)[number]
+        try:
+            optuna.trial.Trial(self.study, frozen._trial_id).set_user_attr("mlflow_run_id", run_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # written after the trial ended (records kept during an outage): the run's optuna_trial_number links them
+
+    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial", confirms: int | None = None) -> str:
+        """The run of ``trial_id``, created at its first event; ``confirms``: the Optuna trial a confirmation run re-runs."""
+        client = self.client
+        if trial_id not in self.run_ids:
+            number = self.optuna_number(trial_id) if kind == "trial" else confirms
+            tags = {"mlflow.parentRunId": self.parent_run_id, "kind": kind, "trial_id": trial_id, "study_name": self.study_name}
+            if number is not None:
+                tags["optuna_trial_number" if kind == "trial" else "confirms_optuna_trial"] = str(number)
+            name = run_name(kind, trial_id, number)
+            run = client.create_run(self.experiment_id, tags={**tags, "mlflow.runName": name}, run_name=name)
+            if config:
+                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in resolved_config(config).items()])
+            if number is not None and kind == "trial":
+                self._link_optuna_trial(number, run.info.run_id)
+            self.run_ids[trial_id] = run.info.run_id
+            self.logged_step[trial_id] = 0
+        return self.run_ids[trial_id]
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        trial_id = op["trial_id"]
+        run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"), op.get("confirms"))
+        client = self.client
+        if op["op"] == "result":
+            step = int(op["step"])
+            if step <= self.logged_step.get(trial_id, 0):  # already recorded before a restart: never a duplicated step,
+                for key, value in op["tags"].items():  # but its tags (where the trial runs, where it resumed from) are new
+                    client.set_tag(run_id, key, value)
+                return
+            metrics = [Metric(k, float(v), int(op["time_ms"]), step) for k, v in op["metrics"].items()]
+            client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in op["tags"].items()])
+            self.logged_step[trial_id] = step
+        elif op["op"] in ("complete", "error"):
+            for key, value in op["tags"].items():
+                client.set_tag(run_id, key, value)
+            client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")

@@ -1,0 +1,63 @@
+"""A rehearsal (study.launch --rehearse): the whole study on the surrogate trainable, more slots than cores, a
+SIGKILLed driver resumed, every trial recorded once with every epoch it trained."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from study import launch
+from study.record import StudyRecord
+from tests.test_launch import study_records
+from tests.test_resume import epochs_logged, run_and_kill, run_driver
+
+pytestmark = pytest.mark.slow
+
+
+def assert_recorded_once(runs, name: str, trials: int) -> None:
+    """One child run per Optuna trial; each trial that ended COMPLETE or PRUNED has every epoch it trained once, in
+    order; a trial orphaned by a kill (started after Tune's last snapshot) is FAIL in Optuna and FAILED in MLflow."""
+    client, parent, children, study = study_records(runs, name)
+    assert parent[0].info.status == "FINISHED"
+    ended = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(ended) == trials and len(children) == len(study.trials)
+    assert sorted(int(r.data.tags["optuna_trial_number"]) for r in children) == [t.number for t in study.trials]
+    by_number = {t.number: t for t in study.trials}
+    for run in children:
+        trial = by_number[int(run.data.tags["optuna_trial_number"])]
+        if trial.state.name == "FAIL":
+            assert run.info.status == "FAILED" and run.data.tags["failure_reason"].startswith("orphaned"), run.data.tags
+            continue
+        assert run.info.status == "FINISHED", run.info.run_name
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert steps == list(range(1, int(trial.user_attrs["epochs_trained"]) + 1)), (run.info.run_name, steps)
+
+
+def test_a_rehearsal_runs_the_whole_study_on_more_slots_than_cores_without_data(runs, capsys, monkeypatch):
+    monkeypatch.delenv("DML_DATA_ROOT", raising=False)  # a rehearsal reads no dataset
+    argv = ["--rehearse", "0", "--ray-cpus", "6", "--space", "default", "--num-samples", "8", "--study-name", "r1"]
+    assert launch.main([*argv, "--epochs", "4", "--confirm-top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rehearsal (0 s per surrogate epoch, no training) of study r1" in out and ", 6 at once," in out
+    assert "this was a rehearsal" in out
+    assert_recorded_once(runs, "r1", 8)
+    client, parent, _, study = study_records(runs, "r1")
+    record = StudyRecord.from_params(parent[0].data.params)
+    assert (record.rehearse, record.max_concurrent, record.fit_classes) == (0.0, 6, 0)
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"} and "selection" in study.user_attrs
+    reruns = [r for r in client.search_runs([parent[0].info.experiment_id], "tags.kind = 'confirmation'")]
+    assert len(reruns) == 2 and all(r.info.status == "FINISHED" for r in reruns)
+
+
+def test_a_rehearsal_killed_mid_study_resumes_as_a_rehearsal_and_records_each_trial_once(tmp_path):
+    runs = tmp_path / "runs"
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    start = ["--rehearse", "0.5", "--ray-cpus", "4", "--space", "smoke", "--num-samples", "6", "--epochs", "8"]
+    start += ["--study-name", "rk", "--confirm-seeds", "0"]
+    run_and_kill(start, env, lambda: sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2)
+    out = run_driver(["--study-name", "rk", "--resume"], env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rehearsal (0.5 s per surrogate epoch" in out.stdout  # the study's own setting, from its record
+    assert_recorded_once(runs, "rk", 6)
