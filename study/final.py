@@ -40,7 +40,7 @@ from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.record import StudyRecord
 from trainables.core.checkpoint import CheckpointError
-from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
     DATA_ROOT_ENV,
     DatasetError,
@@ -86,14 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--epochs", type=int, help="override the config's epochs (e.g. 2 for a smoke run)")
     parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)"
-    )
-    parser.add_argument(
         "--study",
         help="retrain the best config of this study (its parent run's best_config.yaml) on the study's data root; "
         "the seed runs become children of the study's parent run and the first seed's model is registered as NAME-embedding",
     )
-    parser.add_argument("--experiment", help="MLflow experiment (default: final; with --study: dml-studies, as study.launch)")
+    tracking.add_tracking_flags(
+        parser.add_argument, f"MLflow experiment (default: final; with --study: {tracking.DEFAULT_EXPERIMENT}, as study.launch)", None
+    )
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
     parser.add_argument("--register", metavar="NAME", help="register the first seed's model in the MLflow model registry under NAME")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -104,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if sum(bool(x) for x in (args.study, args.config, args.space)) > 1:
         parser.error("--study, --config and --space exclude each other: retrain a study's best config, a config file or a grid space")
     if args.experiment is None:
-        args.experiment = "dml-studies" if args.study else "final"
+        args.experiment = tracking.DEFAULT_EXPERIMENT if args.study else "final"
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: expected an integer >= 1")
     if args.epochs is not None and args.epochs < 1:
@@ -358,12 +357,7 @@ def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tu
             splits[key] = load_dataset(config.dataset, data_root, config.image_size, download=download)
             check_retrieval_set(splits[key].test, splits[key].gallery, f"{dataset_label(config.dataset, data_root)}: the test classes")
         train = splits[key].train
-        classes = len(np.unique(train.labels))
-        if config.classes_per_batch > classes:
-            raise ConfigError(
-                f"{plan.source_of(name)}: classes_per_batch={config.classes_per_batch} is larger than the {classes} "
-                f"training classes of {config.dataset!r}; expected at most {classes}"
-            )
+        check_classes_per_batch(config.classes_per_batch, len(np.unique(train.labels)), config.dataset, plan.source_of(name), "training")
         if config.pretrained not in ("none", "imagenet") and (config.backbone, config.pretrained, train.kind) not in weights_checked:
             # a weights file is checked by loading it into the backbone, as training will
             build_model(config, train.kind, image_size_for(config.dataset, config.image_size))

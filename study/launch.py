@@ -40,14 +40,15 @@ from study import checks, console, inputs, interrupts, locks, parent, records, t
 from study.inputs import UsageError
 from study.interrupts import StopSignals, env_set
 from study.journal import journal_file, open_storage
-from study.record import METRICS, StudyRecord
+from study.record import METRICS, SAMPLERS, StudyRecord
 from study.record import flag_names as record_flag_names
 from study.recorder import TrialRecorder, spool_path
 from study.schedulers import SCHEDULERS, describe, ladder
 from study.selection import Selection, rerun_candidates, select, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
+from study.tracking import DEFAULT_EXPERIMENT
 from study.trial import confirmed_trial, is_finite_number
-from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, validation_split
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
     a("--metric", default="val_recall_at_1", help=f"validation metric to maximize: {', '.join(METRICS)} (default val_recall_at_1)")
     a(
         "--sampler",
-        choices=("tpe", "random"),
+        choices=SAMPLERS,
         default="tpe",
         help="how a searched space is sampled: tpe (default; ASHA-stopped trials told as PRUNED) or random (a baseline); "
         "grid spaces always use the grid",
@@ -145,9 +146,8 @@ def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
 def add_record_flags(a: Callable[..., argparse.Action]) -> None:
     """The stores (Ray checkpoints, MLflow, Optuna) and the study's name."""
     a("--storage-path", help="where Ray keeps trial checkpoints; on a cluster a shared path or s3:// URI (default: ./runs/ray)")
-    a("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
+    tracking.add_tracking_flags(a, f"MLflow experiment name (default {DEFAULT_EXPERIMENT})")
     a("--optuna-storage", help="Optuna storage: journal:PATH or a database URL (default: journal:./runs/optuna/journal.log)")
-    a("--experiment", default="dml-studies", help="MLflow experiment name (default dml-studies)")
     a("--study-name", help="name of the study (letters, digits, _ . -); default: <space>-<date>-<time>")
     a(
         "--resume",
@@ -218,12 +218,23 @@ def resumed_args(args: argparse.Namespace, record: StudyRecord) -> argparse.Name
     values = record.flags()
     for flag, value in values.items():
         given = getattr(args, flag)
-        if flag in args.given and given != value and not (flag == "space" and load_space(given).path == value):
+        if flag in args.given and same_setting(flag, given) != value:
             raise UsageError(
                 f"--{flag.replace('_', '-')} {given}: study {args.study_name} runs with {value}; "
                 "--resume continues a study with its own settings (drop the flag, or start a new study)"
             )
     return argparse.Namespace(**{**vars(args), **values})
+
+
+def same_setting(flag: str, given: Any) -> Any:
+    """A flag's value as the study records it: a shipped space's name as its file, a local store's path absolute."""
+    if flag == "space":
+        return load_space(given).path
+    if flag == "storage_path" and "://" not in given:
+        return str(Path(given).expanduser().resolve())
+    if flag == "optuna_storage" and journal_file(given) is not None:
+        return f"journal:{Path(journal_file(given)).expanduser().resolve()}"
+    return given
 
 
 # ----------------------------------------------------------------------------- settings
@@ -304,9 +315,9 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     tracking.check_reachable(uri)
     tracking.experiment_artifacts(uri, args.experiment)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
-    optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
     if args.resume:
         args = resumed_args(args, parent.resumed_record(uri, args.experiment, args.study_name))
+    optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
     space = prepare_space(args)
     max_epochs = base_config(space).epochs
     scheduler, grace_period, reduction_factor = early_stopping_flags(args, max_epochs)
@@ -325,6 +336,8 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         scheduler=scheduler,
         grace_period=grace_period,
         reduction_factor=reduction_factor,
+        optuna_storage=optuna_storage,
+        storage_path=storage_path,
     )
     record = StudyRecord(
         **flags,
@@ -333,8 +346,6 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         stratify_by=stratify_by(space),
         reuse_actors=args.reuse_actors,
         final_epochs=space.final_epochs(max_epochs),
-        optuna_storage=optuna_storage,
-        storage_path=storage_path,
         fit_classes=fit_classes,
         data_root=data_root,
         fixed={k: str(v) for k, v in space.fixed.items()},
@@ -403,12 +414,11 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     where = dataset_label(config.dataset, data_root)
     fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
     check_retrieval_set(splits.train.with_classes(val_classes), None, f"{where}: the validation classes")
-    largest = max_classes_per_batch(space)
-    if largest > len(fit_classes):
-        raise SpaceError(
-            f"{space.path}: classes_per_batch reaches {largest}, but {config.dataset!r} has {len(fit_classes)} fit classes "
-            f"(val_split {config.val_split}, val_fraction {config.val_fraction}); expected classes_per_batch <= {len(fit_classes)}"
-        )
+    split = f"{space.path} (val_split {config.val_split}, val_fraction {config.val_fraction})"
+    try:
+        check_classes_per_batch(max_classes_per_batch(space), len(fit_classes), config.dataset, split, "fit")
+    except ConfigError as error:
+        raise SpaceError(str(error)) from None
     return len(fit_classes)
 
 
@@ -692,7 +702,10 @@ def next_steps(settings: StudySettings) -> str:
 def resume_hint(settings: StudySettings | None) -> str:
     if settings is None:
         return "nothing was started"
-    return f"its state is saved: continue it with  {console.python_command('study.launch')} --study-name {settings.name} --resume"
+    where = f" --experiment {settings.experiment}" if settings.experiment != DEFAULT_EXPERIMENT else ""
+    if settings.tracking_uri != tracking.resolve_tracking_uri(None):  # MLflow is found where the study recorded its stores
+        where += f" --tracking-uri {settings.tracking_uri}"
+    return f"its state is saved: continue it with  {console.python_command('study.launch')} --study-name {settings.name} --resume{where}"
 
 
 def interrupted_message(error: KeyboardInterrupt, settings: StudySettings | None) -> str:

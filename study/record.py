@@ -23,6 +23,7 @@ from study.inputs import UsageError
 
 # the objective metrics a study can optimize, each with its mode (declared once)
 METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
+SAMPLERS = ("tpe", "random")  # how a searched space is sampled (a grid space is always its grid)
 FIXED_PREFIX = "fixed."  # the space's fixed values are params fixed.<key>
 
 
@@ -80,8 +81,8 @@ class StudyRecord:
     stratify_by: str | None = recorded(_optional, old=None)  # the key the budget scheduler compares trials apart by
     reuse_actors: bool = recorded(_bool, old=True)
     final_epochs: int | None = recorded(_optional_int, old=None)  # what study.final --study trains the pick to (None: the trials' epochs)
-    optuna_storage: str = recorded(str)
-    storage_path: str = recorded(str)
+    optuna_storage: str = recorded(str, flag=True)  # where the study is: --resume NAME needs nothing else
+    storage_path: str = recorded(str, flag=True)
     fit_classes: int = recorded(_int)
     data_root: str | None = recorded(_optional, old=None)
     fixed: Mapping[str, str] = field(default_factory=dict)  # the space's fixed values (params fixed.<key>, as text)

@@ -878,8 +878,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="output folder: new, empty, or one a previous report wrote (default: runs/reports/NAME); "
         "only the files the report writes go there and to MLflow",
     )
-    parser.add_argument("--experiment", help="MLflow experiment to look in (default: all)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the local store under ./runs)")
+    tracking.add_tracking_flags(parser.add_argument, "MLflow experiment to look in (default: all)", None)
     parser.add_argument("--top", type=int, default=10, help="trials in the top-trials table (default 10)")
     parser.add_argument("--no-log", action="store_true", help="only write the files; do not log them to the parent run")
     args = parser.parse_args(argv)

@@ -31,12 +31,12 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from study.journal import open_storage
+from study.record import SAMPLERS
 from study.selection import rerun_candidates
 from study.spaces import Space
 from study.trial import COMPLETE, FAIL, PRUNED, confirmation_config, extra_seeds, is_finite_number, trial_outcome
 
 log = logging.getLogger(__name__)
-SAMPLERS = ("tpe", "random")
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
 
 

@@ -33,7 +33,7 @@ def top_complete(values: dict[int, float], k: int, mode: str) -> list[int]:
 def rerun_candidates(values: dict[int, float], k: int, mode: str, seeds: int, unfinished: int = 0) -> list[int]:
     """The trials re-run with ``seeds`` extra seeds and ranked by mean, best first: the top ``k`` of ``values``.
 
-    None without extra seeds or with fewer than two finite values (nothing to compare). With ``unfinished`` trials
+    Empty without extra seeds or with fewer than two finite values (nothing to compare). With ``unfinished`` trials
     still to end, only those sure to stay in the top ``k``: each trial still to end adds at most one value to the
     ranking and so pushes each trial down at most one place, so the current top ``k - unfinished`` stay.
     """

@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m study.sync", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--study", required=True, help="the study's name (its --study-name)")
-    parser.add_argument("--experiment", default="dml-studies", help="MLflow experiment of the study (default dml-studies)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./runs/mlflow.db)")
+    tracking.add_tracking_flags(parser.add_argument, f"MLflow experiment of the study (default {tracking.DEFAULT_EXPERIMENT})")
     args = parser.parse_args(argv)
     tracking.configure_mlflow()
     try:

@@ -14,14 +14,17 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import mlflow
 
 from study.inputs import UsageError, parse_yaml, read_yaml, write_yaml  # noqa: F401  (the commands' former home of these)
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
+DEFAULT_EXPERIMENT = "dml-studies"  # where study.launch records a study, and study.sync and study.final --study look
 
 
 def configure_mlflow() -> None:
@@ -42,6 +45,12 @@ def configure_mlflow() -> None:
 # Without it MLflow's UI opens an experiment in its GenAI views (traces, evaluation runs); this value opens
 # the model-training ones (runs, charts, models).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
+def add_tracking_flags(add: Callable[..., Any], experiment_help: str, experiment_default: str | None = DEFAULT_EXPERIMENT) -> None:
+    """--tracking-uri and --experiment, the same for every command (``add``: a parser's or group's add_argument)."""
+    add("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local sqlite store under ./runs)")
+    add("--experiment", default=experiment_default, help=experiment_help)
 
 
 def runs_dir() -> Path:

@@ -64,3 +64,21 @@ def test_max_concurrent_defaults_to_what_the_cluster_holds(runs):
     assert settings.slots == 6  # 3 CPUs / 0.5 per trial
     assert given.slots == 7  # as given: an autoscaling cluster may grow to it
     assert settings.record.to_params()["max_concurrent"] == "6"  # what --resume continues with
+
+
+def test_resume_finds_the_study_in_the_stores_it_recorded(runs, tmp_path):
+    """A study started with its own --optuna-storage and --storage-path is resumed with --study-name and --resume
+    alone (the line a stopped study prints): both are settings of the study's record."""
+    journal, storage = tmp_path / "elsewhere" / "journal.log", tmp_path / "checkpoints"
+    journal.parent.mkdir()
+    argv = ["--space", "smoke", "--study-name", "s", "--optuna-storage", f"journal:{journal}", "--storage-path", str(storage)]
+    settings = launch.study_settings(launch.parse_args(argv))
+    client = mlflow.MlflowClient(settings.tracking_uri)
+    experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
+    parent.create_parent_run(client, experiment_id, "s", settings.space.path, settings.with_slots({"CPU": 2.0}).record.to_params())
+    (storage / "s").mkdir(parents=True)
+    resumed = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume"]))
+    assert (resumed.record.optuna_storage, resumed.record.storage_path) == (f"journal:{journal}", str(storage))
+    assert resumed.experiment_dir == str(storage / "s")
+    with pytest.raises(launch.UsageError, match="--optuna-storage journal:.*: study s runs with journal:"):
+        launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--optuna-storage", f"journal:{tmp_path / 'x.log'}"]))

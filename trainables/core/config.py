@@ -270,6 +270,16 @@ LOSS_KEYS = {
 }
 
 
+def check_classes_per_batch(classes_per_batch: int, classes: int, dataset: str, source: str, which: str) -> None:
+    """The one rule for a batch's classes: ``classes_per_batch`` of the ``classes`` its batches are drawn from
+    (``which``: "fit" in a study, "training" in a final run); a ConfigError naming ``source`` otherwise."""
+    if classes_per_batch > classes:
+        raise ConfigError(
+            f"{source}: classes_per_batch={classes_per_batch} is larger than the {classes} {which} classes of {dataset!r}; "
+            f"expected at most {classes}"
+        )
+
+
 def applicable_keys(config: TrainConfig) -> tuple[str, ...]:
     """The keys whose values change how ``config`` trains, in ``TrainConfig`` order.
 

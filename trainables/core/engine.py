@@ -31,7 +31,7 @@ from torch import nn
 
 from . import schedule
 from .checkpoint import rng_state, set_rng_state
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig, check_classes_per_batch
 from .data import DatasetSplits, ImageSet, alphabets, dataset_label, image_size_for, load_dataset, validation_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings, one_shot_error
@@ -264,11 +264,7 @@ def build_run(
     else:
         train_set, eval_set, gallery, prefix = splits.train, splits.test, splits.gallery, "test"
     classes = [int(c) for c in train_set.classes]
-    if config.classes_per_batch > len(classes):
-        raise ConfigError(
-            f"{source}: classes_per_batch={config.classes_per_batch} is larger than the {len(classes)} "
-            f"{'fit' if mode == 'study' else 'training'} classes of {config.dataset!r}; expected at most {len(classes)}"
-        )
+    check_classes_per_batch(config.classes_per_batch, len(classes), config.dataset, source, "fit" if mode == "study" else "training")
     model = build_model(config, train_set.kind, image_size).to(device, memory_format=IMAGE_LAYOUT)
     # the loss sees the train-mode features: the pool features with embedding_reduction=pca
     loss_fn = build_loss(replace(config, embedding_dim=model.train_dim), len(classes)).to(device)
