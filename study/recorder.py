@@ -24,10 +24,12 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import mlflow
@@ -37,6 +39,7 @@ from mlflow.entities import Metric, Param, RunTag
 from study.journal import open_storage
 from study.lines import Spool
 from study.tracking import child_runs, first_error_line, runs_dir
+from study.utilization import epoch_times
 from trainables.core.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,12 @@ log = logging.getLogger(__name__)
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
-PERSIST_EVERY = 64  # a long drain drops what it applied from the spool after this many ops, so a kill replays at most these
-UNPICKLED = ("_client", "_study", "run_ids", "logged_step", "_numbers", "_indexed", "_wake", "_closing", "_writer", "_flushing")
+PERSIST_EVERY = 1024  # a long drain drops what it applied from the spool after this many ops, so a kill replays at most these
+CHUNK_OPS = 256  # ops applied together: each run's results in a chunk are one MLflow log_batch
+MAX_METRICS, MAX_TAGS = 1000, 100  # what one MLflow log_batch takes
+UNPICKLED = (
+    "_client", "_study", "run_ids", "logged_step", "_numbers", "_indexed", "applied_epochs", "_wake", "_closing", "_writer", "_flushing"
+)  # fmt: skip
 
 
 def spool_path(study_name: str) -> str:
@@ -124,6 +131,7 @@ class TrialRecorder:
         self.run_ids: dict[str, str] = {}
         self.logged_step: dict[str, int] = {}
         self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
+        self.applied_epochs: dict[str, list[tuple[int, dict[str, float]]]] = {}  # trial id -> (time_ms, timings) it wrote
         self._indexed = 0  # the Optuna trials read into _numbers
         self._wake, self._closing = threading.Event(), threading.Event()
         self._writer: threading.Thread | None = None
@@ -162,23 +170,28 @@ class TrialRecorder:
                 return self._drain(force)
 
     def _drain(self, force: bool) -> bool:
-        """Apply the spool (the caller holds the writer lock); False when MLflow failed, the rest kept."""
+        """Apply the spool (the caller holds the writer lock); False when MLflow failed, the rest kept.
+
+        Ops are applied in chunks of ``CHUNK_OPS`` (``_apply_chunk``: one MLflow batch per run and chunk) and dropped
+        from the spool every ``PERSIST_EVERY`` applied, so a kill replays at most these (idempotently).
+        """
         if self.offline_since is not None and not force and time.time() - self.last_attempt < self.retry_every_s:
             return False
         self.last_attempt = time.time()
         while ops := self.queue.read():
-            applied = 0
+            done = dropped = 0
             try:
-                for op in ops:
-                    self._apply(op)
-                    applied += 1
-                    if applied % PERSIST_EVERY == 0:
-                        self.queue.drop(PERSIST_EVERY)
+                for start in range(0, len(ops), CHUNK_OPS):
+                    self._apply_chunk(ops[start : start + CHUNK_OPS])
+                    done = min(start + CHUNK_OPS, len(ops))
+                    if done - dropped >= PERSIST_EVERY:
+                        self.queue.drop(done - dropped)
+                        dropped = done
             except Exception as error:  # MlflowException, connection errors, timeouts: all mean "not written"
-                self.queue.drop(applied % PERSIST_EVERY)
+                self.queue.drop(done - dropped)
                 self._went_offline(error)
                 return False
-            self.queue.drop(applied % PERSIST_EVERY)
+            self.queue.drop(done - dropped)
         self._came_back()
         return True
 
@@ -251,17 +264,23 @@ class TrialRecorder:
     # -- applying one operation ---------------------------------------------------
     @property
     def client(self):
-        """The MLflow client; on (re)connecting, the child runs already written and their last epochs are read back."""
+        """The MLflow client; on (re)connecting, the child runs already written are found again (their trial ids)."""
         if self._client is None:
             client = self.connect(self.tracking_uri)
             for run in training_runs(client, self.experiment_id, self.parent_run_id):
                 trial_id = run.data.tags.get("trial_id")
                 if trial_id:
                     self.run_ids[trial_id] = run.info.run_id
-                    steps = [m.step for m in client.get_metric_history(run.info.run_id, LOGGED_EVERY_EPOCH)]
-                    self.logged_step[trial_id] = max(steps, default=0)
+            self.logged_step.clear()  # read again, run by run, as their ops come (last_step)
             self._client = client
         return self._client
+
+    def last_step(self, trial_id: str) -> int:
+        """The last epoch the run of ``trial_id`` has logged (0: none), read from MLflow once per connection."""
+        if trial_id not in self.logged_step:
+            history = self.client.get_metric_history(self.run_ids[trial_id], LOGGED_EVERY_EPOCH)
+            self.logged_step[trial_id] = max((m.step for m in history), default=0)
+        return self.logged_step[trial_id]
 
     @property
     def study(self) -> optuna.Study | None:
@@ -315,20 +334,51 @@ class TrialRecorder:
             self.logged_step[trial_id] = 0
         return self.run_ids[trial_id]
 
-    def _apply(self, op: dict[str, Any]) -> None:
-        trial_id = op["trial_id"]
-        run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"), op.get("confirms"))
-        client = self.client
-        if op["op"] == "result":
-            step = int(op["step"])
-            if step <= self.logged_step.get(trial_id, 0):  # already recorded before a restart: never a duplicated step,
-                for key, value in op["tags"].items():  # but its tags (where the trial runs, where it resumed from) are new
-                    client.set_tag(run_id, key, value)
-                return
-            metrics = [Metric(k, float(v), int(op["time_ms"]), step) for k, v in op["metrics"].items()]
-            client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in op["tags"].items()])
-            self.logged_step[trial_id] = step
-        elif op["op"] in ("complete", "error"):
-            for key, value in op["tags"].items():
-                client.set_tag(run_id, key, value)
-            client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
+    def _apply_chunk(self, ops: list[dict[str, Any]]) -> None:
+        """Apply ``ops`` in order, each run's epochs and tags gathered into one log_batch (written before the run ends)."""
+        batches: dict[str, RunBatch] = {}
+        for op in ops:
+            trial_id = op["trial_id"]
+            run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"), op.get("confirms"))
+            if op["op"] == "result":
+                batch = batches.setdefault(trial_id, RunBatch(run_id, self.last_step(trial_id)))
+                batch.add(int(op["step"]), op["metrics"], int(op["time_ms"]), op["tags"])
+            elif op["op"] in ("complete", "error"):
+                self._write(trial_id, batches.pop(trial_id, RunBatch(run_id, self.last_step(trial_id))).with_tags(op["tags"]))
+                self.client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
+        for trial_id, batch in batches.items():
+            self._write(trial_id, batch)
+
+    def _write(self, trial_id: str, batch: RunBatch) -> None:
+        """One run's gathered epochs and tags, in log_batch calls within MLflow's limits; its last step then counts as logged."""
+        metrics, tags = batch.metrics, [RunTag(k, v) for k, v in batch.tags.items()]
+        for i in range(max(math.ceil(len(metrics) / MAX_METRICS), math.ceil(len(tags) / MAX_TAGS))):
+            part = metrics[i * MAX_METRICS : (i + 1) * MAX_METRICS]
+            self.client.log_batch(batch.run_id, metrics=part, tags=tags[i * MAX_TAGS : (i + 1) * MAX_TAGS])
+        self.logged_step[trial_id] = batch.step
+        self.applied_epochs.setdefault(trial_id, []).extend(batch.epochs)
+
+
+@dataclass
+class RunBatch:
+    """What a chunk of ops writes to one run: the epochs after ``step`` (the last logged), as MLflow metrics, and tags."""
+
+    run_id: str
+    step: int
+    metrics: list[Metric] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
+    epochs: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (time_ms, the epoch's timings) of each new epoch
+
+    def add(self, step: int, metrics: dict[str, float], time_ms: int, tags: dict[str, str]) -> None:
+        """An epoch's report: its metrics unless that step is logged already (a retried epoch), its tags always
+        (where the trial runs, where it resumed from)."""
+        self.tags.update(tags)
+        if step <= self.step:
+            return
+        self.metrics += [Metric(k, float(v), time_ms, step) for k, v in metrics.items()]
+        self.epochs.append((time_ms, epoch_times(metrics)))
+        self.step = step
+
+    def with_tags(self, tags: dict[str, str]) -> RunBatch:
+        self.tags.update(tags)
+        return self

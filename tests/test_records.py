@@ -445,3 +445,64 @@ def test_the_driver_closes_its_writer_and_a_copy_leaves_its_ops_to_it(tmp_path, 
     recorder.close_writer()
     assert not thread.is_alive() and recorder._writer is None and copy._writer is None
     assert recorder.flush(force=True) is True and "a" in mlflow_fake.trials()
+
+
+# -- costs that must not grow with the study (issue 27: thousands of trials) ---------------------------------------
+def test_a_backlog_is_written_with_one_log_batch_per_run_not_per_epoch(tmp_path, mlflow_fake):
+    """10 trials of 10 epochs kept during an outage: written with one batch per run (its params at creation, then all
+    its epochs and tags), not one call per epoch; every epoch once, in order."""
+    recorder = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
+    mlflow_fake.down = True
+    for t in range(10):
+        for op in (start(f"t{t}"), *(epoch(f"t{t}", step) for step in range(1, 11)), complete(f"t{t}")):
+            recorder.submit(op)
+    mlflow_fake.down = False
+    mlflow_fake.calls.clear()
+    assert recorder.flush(force=True) is True
+    assert mlflow_fake.calls["log_batch"] == 10 + 10  # was 10 + 100 + the tags, one call per epoch
+    assert all(mlflow_fake.steps(run) == list(range(1, 11)) for run in mlflow_fake.trials().values())
+    assert {run.info.status for run in mlflow_fake.trials().values()} == {"FINISHED"}
+
+
+def test_reconnecting_reads_the_logged_epochs_of_the_runs_it_writes_to_only(tmp_path, mlflow_fake):
+    """A resumed study's recorder with 50 runs already written reads back the last epoch of the one run it continues,
+    not the metric history of every run of the study."""
+    first = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
+    for t in range(50):
+        first.submit(start(f"t{t}"))
+        first.submit(epoch(f"t{t}", 1))
+    later = recorder_for(mlflow_fake, tmp_path / "s.jsonl")
+    mlflow_fake.calls.clear()
+    later.submit(epoch("t7", 1))  # a retried epoch: already logged
+    later.submit(epoch("t7", 2))
+    assert mlflow_fake.calls["get_metric_history"] == 1  # was 50: every run's history at connect
+    assert mlflow_fake.steps(mlflow_fake.trials()["t7"]) == [1, 2]
+
+
+class CountingStudy:
+    """An Optuna study's get_trials as the recorder uses it, counting the trials read from it."""
+
+    def __init__(self) -> None:
+        self.trials: list[SimpleNamespace] = []
+        self.read = 0
+
+    def get_trials(self, deepcopy=False):
+        study = self
+
+        class Reads(list):
+            def __getitem__(self, index):
+                part = list.__getitem__(self, index)
+                study.read += len(part) if isinstance(index, slice) else 1
+                return part
+
+        return Reads(self.trials)
+
+
+def test_the_optuna_number_of_each_new_trial_is_found_reading_each_optuna_trial_once(tmp_path, mlflow_fake):
+    """200 trials named one after another: 200 Optuna trials read in all (was every trial per new trial: 20,100)."""
+    recorder, study = recorder_for(mlflow_fake, tmp_path / "s.jsonl"), CountingStudy()
+    recorder._study = study
+    for n in range(200):
+        study.trials.append(SimpleNamespace(number=n, user_attrs={"tune_trial_id": f"t{n}"}))
+        assert recorder.optuna_number(f"t{n}") == n
+    assert study.read == 200
