@@ -33,7 +33,7 @@ import mlflow
 import numpy as np
 import torch
 
-from study import console, inputs, tracking
+from study import console, inputs, names, tracking
 from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
 from study.parent import mark_stopped, study_parent
@@ -94,7 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.add_argument, f"MLflow experiment (default: final; with --study: {tracking.DEFAULT_EXPERIMENT}, as study.launch)", None
     )
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
-    parser.add_argument("--register", metavar="NAME", help="register the first seed's model in the MLflow model registry under NAME")
+    parser.add_argument(
+        "--register", metavar="NAME", help="register the first seed's model in the MLflow registry under NAME (letters, digits, _ . -)"
+    )
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument(
         "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
@@ -110,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
     if args.num_workers < 0:
         parser.error(f"--num-workers {args.num_workers}: expected an integer >= 0")
+    names.check_names({"--register": args.register})  # a UsageError: MLflow would refuse it only after the seeds trained
     return args
 
 
@@ -570,8 +573,8 @@ def print_summary(outcome: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
     try:
+        args = parse_args(argv)
         with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
             outcome = {**run_final(args), "log": log}  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:

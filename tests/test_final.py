@@ -444,3 +444,35 @@ def logged_epochs(db: Path) -> int:
             return connection.execute("SELECT count(*) FROM metrics WHERE key = 'train_loss'").fetchone()[0]
     except sqlite3.OperationalError:  # the schema is still being created
         return 0
+
+
+@pytest.mark.parametrize("register", ["../../x", "a/b", "x:y", "..", "two words", "it's"])
+def test_a_registered_name_is_refused_before_anything_trains(tmp_path, runs, capsys, monkeypatch, register):
+    """Issue 33, finding 11: --register ../../x was refused by MLflow only after every seed had trained (a traceback)."""
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a seed trained before --register was checked")
+
+    monkeypatch.setattr(final, "train_seed", no_training)
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
+    code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--register", register], capsys)
+    assert code == 2 and err.startswith("error: --register") and len(err.splitlines()) == 1, err
+    assert all_runs(uri)[1] == []
+
+
+def test_the_name_rule_is_at_least_as_strict_as_mlflows_registered_model_names():
+    """Every name the rule accepts is one MLflow 3.17 registers; every name MLflow refuses, the rule refuses too."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name
+
+    from study.names import is_name
+
+    candidates = ["s1-embedding", "a.b_c-1", "x" * 100, "../../x", "a/b", "x:y", "..", "a..b", " ", "", "-x", ".x", "x\n"]
+    for name in candidates:
+        try:
+            _validate_model_name(name)
+            mlflow_takes = True
+        except MlflowException:
+            mlflow_takes = False
+        assert mlflow_takes or not is_name(name), name
+    assert [n for n in candidates if is_name(n)] == ["s1-embedding", "a.b_c-1", "x" * 100]
