@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
     if args.num_workers < 0:
         parser.error(f"--num-workers {args.num_workers}: expected an integer >= 0")
-    names.check_names({"--register": args.register})  # a UsageError: MLflow would refuse it only after the seeds trained
+    names.check_names({"--study": args.study, "--experiment": args.experiment, "--register": args.register})
     return args
 
 

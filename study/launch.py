@@ -25,7 +25,6 @@ import functools
 import logging
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import checks, console, inputs, interrupts, locks, parent, records, tracking
+from study import checks, console, inputs, interrupts, locks, names, parent, records, tracking
 from study.inputs import UsageError
 from study.interrupts import StopSignals, env_set
 from study.journal import journal_file, open_storage
@@ -53,7 +52,6 @@ from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_se
 
 log = logging.getLogger(__name__)
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a study file could not be written: one line and the resume command
 
@@ -193,11 +191,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag} sizes the local Ray; drop it with --address (a running cluster has its own resources)")
     if args.max_failures < 0:
         bad("--max-failures", args.max_failures, "an integer >= 0")
-    if args.study_name is not None and (not NAME_PATTERN.match(args.study_name) or ".." in args.study_name):
-        bad("--study-name", repr(args.study_name), "letters, digits, '_', '.', '-' (no path separators or '..'), at most 100")
     if args.resume and not args.study_name:
         parser.error("--resume needs --study-name NAME (the study to continue)")
     args.given = given_flags(parser, argv)
+    names.check_names({"--study-name": args.study_name, "--experiment": args.experiment})  # UsageError: one line, exit 2
     return args
 
 
@@ -663,9 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     tracking.configure_mlflow()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    args = parse_args(argv)
     settings = None
     try:
+        args = parse_args(argv)
         with locks.store_setup_lock(tracking.resolve_tracking_uri(args.tracking_uri)):  # one driver migrates a new store
             settings = study_settings(args)
             tracking.setup(settings.tracking_uri, settings.experiment)

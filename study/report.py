@@ -37,7 +37,7 @@ from typing import Any
 import mlflow
 import numpy as np
 
-from study import plots, tracking
+from study import names, plots, tracking
 from study.artifacts import optuna_plot
 from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
@@ -233,8 +233,6 @@ def _slug(text: str) -> str:
 
 def find_parent(client, name: str, experiment: str | None):
     """The newest study (study.launch) or grid-final (study.final --space) parent run named ``name``."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise tracking.UsageError(f"--study {name!r}: expected a study name of letters, digits, _ . -")
     if experiment:
         found = client.get_experiment_by_name(experiment)
         if found is None:
@@ -242,7 +240,9 @@ def find_parent(client, name: str, experiment: str | None):
         ids = [found.experiment_id]
     else:
         ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(ids, filter_string=f"tags.study_name = '{name}'", max_results=5000, order_by=["attributes.start_time DESC"])
+    runs = client.search_runs(
+        ids, filter_string=tracking.run_filter({"tags.study_name": name}), max_results=5000, order_by=["attributes.start_time DESC"]
+    )
     parents = [r for r in runs if r.data.tags.get("kind") in ("study", "final_grid")]
     if not parents:
         raise tracking.UsageError(
@@ -272,7 +272,7 @@ def _final_seed_runs(client, parent, max_results: int = 5000) -> list:
     """The study.final seed runs under ``parent``, oldest first."""
     return client.search_runs(
         [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.kind = 'final_seed'",
+        filter_string=tracking.run_filter({"tags.mlflow.parentRunId": parent.info.run_id, "tags.kind": "final_seed"}),
         max_results=max_results,
         order_by=["attributes.start_time ASC"],
     )
@@ -884,6 +884,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.top < 1:
         parser.error(f"--top {args.top}: expected an integer >= 1")
+    names.check_names({"--study": args.study, "--experiment": args.experiment})
     return args
 
 
@@ -925,10 +926,10 @@ def publish(staging: Path, out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     tracking.configure_mlflow()
     try:
+        args = parse_args(argv)
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_reachable(uri)
         client = mlflow.MlflowClient(uri)

@@ -19,7 +19,7 @@ import sys
 
 import optuna
 
-from study import console, records, tracking
+from study import console, names, records, tracking
 from study.inputs import UsageError
 from study.journal import open_storage
 from study.parent import study_parent
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tracking.configure_mlflow()
     try:
+        names.check_names({"--study": args.study, "--experiment": args.experiment})
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_reachable(uri)
         experiment_id = tracking.setup(uri, args.experiment)

@@ -14,7 +14,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -226,15 +226,31 @@ def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str, s
 
 
 # ----------------------------------------------------------------------------- studies
+def run_filter(equal: Mapping[str, str]) -> str:
+    """The MLflow search filter of runs whose ``{key: value}`` all hold (``tags.kind = 'study' and ...``): every filter
+    the commands send is built here.
+
+    MLflow's grammar quotes a value in single (or double) quotes and has no escape inside them, so a value holding a
+    quote, a backslash or a line break is refused instead of quoted: it could end its quote and add clauses. The names
+    users give are checked by the name rule (``study.names``) before this; run ids are hex.
+    """
+    for value in equal.values():
+        if any(c in value for c in "'\"\\\n\r"):
+            raise UsageError(f"{value!r}: a quote, backslash or line break cannot be searched for in MLflow; expected a name or run id")
+    return " and ".join(f"{key} = '{value}'" for key, value in equal.items())
+
+
 def find_study_run(client: mlflow.MlflowClient, experiment_id: str, study_name: str):
     """The parent run of ``study_name`` in the experiment, or None."""
-    runs = client.search_runs([experiment_id], filter_string=f"tags.study_name = '{study_name}' and tags.kind = 'study'", max_results=5)
+    runs = client.search_runs(
+        [experiment_id], filter_string=run_filter({"tags.study_name": study_name, "tags.kind": "study"}), max_results=5
+    )
     return runs[0] if runs else None
 
 
 def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, kind: str = "trial") -> list:
     return client.search_runs(
-        [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and tags.kind = '{kind}'", max_results=10000
+        [experiment_id], filter_string=run_filter({"tags.mlflow.parentRunId": parent_id, "tags.kind": kind}), max_results=10000
     )
 
 
