@@ -575,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = parse_args(argv)
+        tracking.check_store(tracking.resolve_tracking_uri(args.tracking_uri), "study.final")  # before its log file
         with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
             outcome = {**run_final(args), "log": log}  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:

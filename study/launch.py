@@ -308,8 +308,7 @@ def stratify_by(space: Space) -> str | None:
 def study_settings(args: argparse.Namespace) -> StudySettings:
     """Resolve and check the command line once: MLflow reachable, the space, the dataset, the storage paths."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
-    tracking.check_tracking_uri(uri)
-    tracking.check_reachable(uri)
+    tracking.check_store(uri, "study.launch")
     tracking.experiment_artifacts(uri, args.experiment)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     if args.resume:

@@ -931,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        tracking.check_store(uri, "study.report")
         client = mlflow.MlflowClient(uri)
         parent = find_parent(client, args.study, args.experiment)
         out = out_folder(args.out, args.study)

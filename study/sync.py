@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         names.check_names({"--study": args.study, "--experiment": args.experiment})
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        tracking.check_store(uri, "study.sync")
         experiment_id = tracking.setup(uri, args.experiment)
         run = study_parent(uri, args.experiment, args.study, "--study")
         record = StudyRecord.from_params(run.data.params, where=f"study {args.study!r}")

@@ -126,6 +126,16 @@ def check_tracking_uri(uri: str) -> None:
             raise UsageError(f"{flag} {uri}: {database} is not a writable file; expected a sqlite database file")
 
 
+def check_store(uri: str, what: str) -> None:
+    """What every command writes, checked in seconds before it starts (a UsageError of one line, else MLflow retries for
+    minutes or a traceback comes mid-way): the runs folder (``$DML_RUNS_DIR``: logs, spool, reports, the default store)
+    takes a new file, ``uri`` is a store MLflow can keep runs in (``check_tracking_uri``) and its server answers
+    (``check_reachable``). ``what``: the command, named in the runs folder's error."""
+    check_writable(runs_dir(), f"{what}: the runs folder (${RUNS_DIR_ENV}, default ./runs)")
+    check_tracking_uri(uri)
+    check_reachable(uri)
+
+
 def experiment_artifacts(uri: str, experiment: str) -> str | None:
     """Where a new experiment's artifacts go: ``<store folder>/artifacts/<experiment>`` for a local sqlite store, else the server's choice.
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import mlflow
@@ -446,3 +447,39 @@ def test_validation_by_alphabet_on_data_without_alphabets_is_refused_before_trai
     code, err = run_launch(["--space", str(space)], capsys)
     assert_refused(code, err, "dataset 'synthetic'", "val_split=alphabets", "alphabet/character", "expected val_split: classes")
     assert_nothing_left(runs)
+
+
+def test_a_read_only_runs_folder_or_store_is_refused_in_seconds_by_every_command(tmp_path, runs, capsys, monkeypatch):
+    """Issue 33, finding 7: with a read-only runs folder study.final gave an OSError traceback and study.report retried
+    MLflow for about 100 s before a traceback. Every command shares tracking.check_store: one line, exit 2, in seconds."""
+    from study import sync
+    from tests.test_names import two_studies
+
+    two_studies(runs)  # studies in a writable store, for the commands that read one
+    writable = tracking.resolve_tracking_uri(None)
+    readonly = readonly_folder(tmp_path)
+    config = str(write(tmp_path / "c.yaml", yaml.safe_dump({**TINY, "epochs": 1})))
+
+    def commands(uri: str) -> list:
+        return [
+            (final.main, ["--config", config, "--seeds", "1", "--tracking-uri", uri]),
+            (final.main, ["--study", "base", "--seeds", "1", "--tracking-uri", uri]),
+            (report.main, ["--study", "base", "--tracking-uri", uri]),
+            (sync.main, ["--study", "base", "--tracking-uri", uri]),
+            (launch.main, ["--space", str(SMOKE), "--tracking-uri", uri]),
+        ]
+
+    cases = [(readonly, main, argv, "the runs folder") for main, argv in commands(writable)]  # logs, spool, reports: nowhere to go
+    store = f"sqlite:///{readonly / 'mlflow.db'}"
+    cases += [(runs, main, argv, f"--tracking-uri {store}") for main, argv in commands(store)]
+    for folder, main, argv, needle in cases:
+        monkeypatch.setenv("DML_RUNS_DIR", str(folder))
+        started = time.monotonic()
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err.strip()
+        assert_refused(code, err, needle, "not writable")
+        assert time.monotonic() - started < 10, (argv, time.monotonic() - started)
+    assert not (runs / "reports").exists()
