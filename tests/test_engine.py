@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +82,33 @@ def test_a_study_run_validates_on_held_out_alphabets_with_val_split_alphabets(tm
     assert fit == {"Greek", "Latin", "Balinese"} - val
     with pytest.raises(DatasetError, match="dataset 'synthetic'.*val_split=alphabets"):
         build_run(TrainConfig.from_dict({**values, "dataset": "synthetic"}), device=torch.device("cpu"))
+
+
+def photo_metrics(data_root, monkeypatch, cached: bool, seed: int, augment: float) -> dict[str, float]:
+    from trainables.core.engine import fit
+
+    monkeypatch.setenv("DML_CACHE_MAX_GB", "1" if cached else "0")  # 0: no cache, the PIL path streams every image
+    values = dict(dataset="sop", image_size=32, epochs=2, classes_per_batch=8, samples_per_class=2, embedding_dim=16, seed=seed)
+    run = fit(TrainConfig.from_dict({**values, "augment": augment}), data_root=str(data_root), device=torch.device("cpu"))
+    return {k: run.metrics[k] for k in ("train_loss", "val_recall_at_1", "val_map_at_r", "val_nmi")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("augment", [0.0, 1.0])
+def test_a_trial_trains_to_the_same_metrics_through_the_decoded_cache(tmp_path_factory, monkeypatch, one_thread, augment):
+    """An SOP-shaped photo set (bench/photo_data.py: 740 images of 40 to 250 px), small_cnn at 32 px, 2 epochs, seeds
+    0, 1, 2 through each path: the means of each metric over the seeds differ by no more than the larger of the
+    two paths' spreads over the seeds (NMI's k-means on 14 validation classes is itself seed-dependent).
+    Without augmentation both paths train on the same crops up to resampling (squashed to 37 px and cropped,
+    against cropped once: about 6 grey levels apart at this size, 1 at 224 px; tests/test_cache.py)."""
+    from bench.photo_data import make_sop
+
+    root = tmp_path_factory.mktemp("sop")
+    make_sop(root, scale=0.006, size_scale=0.2)
+    monkeypatch.delenv("DML_CACHE_DIR", raising=False)
+    runs = {path: [photo_metrics(root, monkeypatch, path, seed, augment) for seed in (0, 1, 2)] for path in (False, True)}
+    assert (root / ".dml_cache").is_dir()
+    for key in runs[False][0]:
+        streamed, through_cache = ([m[key] for m in runs[path]] for path in (False, True))
+        spread = max(max(streamed) - min(streamed), max(through_cache) - min(through_cache))
+        assert abs(np.mean(through_cache) - np.mean(streamed)) <= max(spread, 0.02), (key, streamed, through_cache)

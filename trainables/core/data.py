@@ -40,7 +40,7 @@ import warnings
 import zipfile
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,6 +61,23 @@ class DatasetError(ValueError):
     """A dataset is missing or malformed; the message says what was expected where."""
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """An ImageSet's rows of a decoded cache (``cache.attach_cache``).
+
+    ``pixels`` (M, R, R, 3) uint8, every image of the dataset squashed to R x R (a read-only np.memmap);
+    ``shapes`` (M, 2) int64, each image's original (height, width); ``rows`` (N,) int64, the set's rows.
+    """
+
+    pixels: np.ndarray
+    shapes: np.ndarray
+    rows: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return self.pixels.shape[1]
+
+
 @dataclass
 class ImageSet:
     """Labelled images, either decoded in memory or read from files on demand.
@@ -68,7 +85,9 @@ class ImageSet:
     ``labels`` (N,) int64 are the dataset's class ids. ``kind`` is
     ``characters`` (grayscale glyphs, dark strokes on light ground) or
     ``photos`` (RGB). Exactly one of ``arrays`` ((N, H, W) uint8, already at
-    the training size) and ``paths`` is set.
+    the training size) and ``paths`` is set. Photos may also have ``decoded``:
+    their rows of the node's decoded cache, which the training loader reads
+    instead of the files.
     """
 
     labels: np.ndarray
@@ -76,6 +95,7 @@ class ImageSet:
     arrays: np.ndarray | None = None
     paths: list[str] | None = None
     names: dict[int, str] = field(default_factory=dict)
+    decoded: Decoded | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -92,6 +112,7 @@ class ImageSet:
             arrays=None if self.arrays is None else self.arrays[index],
             paths=None if self.paths is None else [self.paths[i] for i in index],
             names=self.names,
+            decoded=None if self.decoded is None else replace(self.decoded, rows=self.decoded.rows[index]),
         )
 
     def with_classes(self, classes: np.ndarray) -> ImageSet:
@@ -122,16 +143,33 @@ BAD_IMAGE = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBomb
 
 def decode_image(source: str | io.BytesIO, where: str, mode: str, size: int | None = None) -> np.ndarray:
     """One image file -> uint8 array in PIL ``mode`` (L or RGB), resized to size x size if given; DatasetError naming ``where``."""
+    return decode_sized(source, where, mode, size)[0]
+
+
+def decode_sized(source: str | io.BytesIO, where: str, mode: str, size: int | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`decode_image` and the image's original (height, width).
+
+    A JPEG is decoded at the smallest of 1/1, 1/2, 1/4, 1/8 of its size that is at least size x size (Pillow's
+    ``draft``: the DCT scales it, several times faster than decoding it whole), then resized.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as image:
+                width, height = image.size
+                if size:
+                    image.draft(mode, (size, size))
                 image = image.convert(mode)
                 if size:
                     image = image.resize((size, size), Image.Resampling.BILINEAR)
-                return np.asarray(image, dtype=np.uint8).copy()
+                return np.asarray(image, dtype=np.uint8).copy(), (height, width)
     except BAD_IMAGE as error:
         raise DatasetError(f"{where}: unreadable image ({error.__class__.__name__}: {error})") from None
+
+
+def source_size(image_size: int) -> int:
+    """The side photos are resized to before a crop of ``image_size``: 256 for 224, as in the papers' evaluation."""
+    return int(round(image_size * 256 / 224))
 
 
 def read_image(path: str, kind: str) -> np.ndarray:

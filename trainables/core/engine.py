@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from . import schedule
+from .cache import attach_cache
 from .checkpoint import rng_state, set_rng_state
 from .config import TrainConfig, check_classes_per_batch
 from .data import DatasetSplits, ImageSet, alphabets, dataset_label, image_size_for, load_dataset, validation_split
@@ -38,7 +39,7 @@ from .metrics import evaluate_embeddings, one_shot_error
 from .models import EmbeddingNet
 from .optimizers import build_optimizer
 from .sampler import ClassBatchSampler
-from .transforms import TorchImages, eval_transform, train_transform
+from .transforms import image_dataset
 
 log = logging.getLogger(__name__)
 ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
@@ -117,9 +118,8 @@ def embed(
 ) -> torch.Tensor:
     """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation."""
     model.eval()
-    loader = torch.utils.data.DataLoader(
-        TorchImages(images, eval_transform(images.kind, image_size)), batch_size=batch_size, num_workers=num_workers
-    )
+    dataset, collate = image_dataset(images, image_size)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
     out = []
     for batch, _ in loader:
         with _autocast(device):
@@ -249,14 +249,20 @@ def build_run(
     device: torch.device | None = None,
     download: bool = False,
     source: str = "config",
+    num_workers: int = 0,
 ) -> Run:
-    """Data, model, loss, optimizer and sampler of ``config`` (seeded); ``source`` names the config in errors."""
+    """Data, model, loss, optimizer and sampler of ``config`` (seeded); ``source`` names the config in errors.
+
+    Photos are read through the node's decoded cache (``cache.attach_cache``, built with ``num_workers``
+    processes by the first run that needs it) unless it does not fit; then they stream from their files.
+    """
     if mode not in ("study", "final"):
         raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
     device = device or default_device()
     seed_everything(config.seed)
     splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
     image_size = image_size_for(config.dataset, config.image_size)
+    attach_cache(splits, image_size, data_root, workers=max(1, num_workers))
     if mode == "study":
         where = dataset_label(config.dataset, data_root)
         fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
@@ -307,15 +313,16 @@ def fit(
     epoch with the same model, optimizer, sampler and RNG states. Evaluation
     runs every ``eval_every`` epochs and always after the last.
     """
-    run = build_run(config, mode=mode, data_root=data_root, splits=splits, device=device, download=download)
+    run = build_run(config, mode=mode, data_root=data_root, splits=splits, device=device, download=download, num_workers=num_workers)
     if resume is not None:
         run.restore(resume)
     label_index = {c: i for i, c in enumerate(run.classes)}
-    dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size, config.augment), label_index)
+    dataset, collate = image_dataset(run.train_set, run.image_size, config.augment, label_index)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_sampler=run.sampler,
         num_workers=num_workers,
+        collate_fn=collate,
         pin_memory=run.device.type == "cuda",
         persistent_workers=num_workers > 0,
     )

@@ -5,14 +5,16 @@ Kept apart from ``data`` so that reading and checking a dataset (a study's drive
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
+from torch.nn import functional as nn_functional
 from torchvision.transforms import v2
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, ImageSet
+from .data import IMAGENET_MEAN, IMAGENET_STD, ImageSet, source_size
 
 
 def normalization_stats(kind: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -55,8 +57,7 @@ def train_transform(kind: str, image_size: int, strength: float = 1.0) -> Callab
         )
         steps = [v2.Resize((image_size, image_size), antialias=True), jitter]
     else:
-        smallest = max(0.08, 1 - 0.92 * strength)
-        steps = [v2.RandomResizedCrop(image_size, scale=(smallest, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+        steps = [v2.RandomResizedCrop(image_size, scale=(crop_area(strength), 1.0), antialias=True), v2.RandomHorizontalFlip()]
     return v2.Compose([*steps, v2.Normalize(mean, std)])
 
 
@@ -66,7 +67,7 @@ def eval_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch
     if kind == "characters":
         steps = [v2.Resize((image_size, image_size), antialias=True)]
     else:
-        steps = [v2.Resize(int(round(image_size * 256 / 224)), antialias=True), v2.CenterCrop(image_size)]
+        steps = [v2.Resize(source_size(image_size), antialias=True), v2.CenterCrop(image_size)]
     return v2.Compose([*steps, v2.Normalize(mean, std)])
 
 
@@ -106,3 +107,139 @@ class TorchImages(torch.utils.data.Dataset):
         if self.label_index is not None:
             label = self.label_index[label]
         return self.transform(to_tensor(self.images.load(i), self.images.kind)), label
+
+
+# ----------------------------------------------------------------------------- batch-wise, from the decoded cache
+RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios, the papers' standard
+TRIES = 10  # torchvision's attempts at a crop inside the image before its central fallback
+
+
+def crop_area(strength: float) -> float:
+    """The smallest share of an image's area a training crop of ``strength`` keeps (:func:`train_transform`)."""
+    return max(0.08, 1 - 0.92 * strength)
+
+
+def random_crop_boxes(shapes: torch.Tensor, strength: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random resized crops of images of original (height, width) ``shapes`` (B, 2) -> boxes (B, 4) x0, y0, x1, y1 in pixels.
+
+    torchvision's ``RandomResizedCrop.get_params`` for a batch: up to 10 draws of an area share in
+    [crop_area(strength), 1] and a log-uniform aspect ratio in [3/4, 4/3]; the first that fits the image wins,
+    else the central crop of the image clamped to those ratios.
+    """
+    shapes = shapes.to(torch.float64)
+    height, width = shapes[:, :1], shapes[:, 1:]
+    b = len(shapes)
+    uniform = torch.rand(b, TRIES, 4, generator=generator, dtype=torch.float64)
+    low = crop_area(strength)
+    area = height * width * (low + (1 - low) * uniform[..., 0])
+    log_low, log_high = math.log(RATIO[0]), math.log(RATIO[1])
+    aspect = torch.exp(log_low + (log_high - log_low) * uniform[..., 1])
+    w = torch.round(torch.sqrt(area * aspect))
+    h = torch.round(torch.sqrt(area / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.to(torch.int8).argmax(dim=1, keepdim=True)
+    w, h = w.gather(1, first), h.gather(1, first)
+    # torch.randint(0, n + 1) as torchvision draws it: floor(u * (n + 1))
+    y0 = torch.floor(uniform[..., 2].gather(1, first) * (height - h + 1))
+    x0 = torch.floor(uniform[..., 3].gather(1, first) * (width - w + 1))
+    ratio = width / height
+    fallback_w = torch.where(ratio > RATIO[1], torch.round(height * RATIO[1]), width)
+    fallback_h = torch.where(ratio < RATIO[0], torch.round(width / RATIO[0]), height)
+    fallback = ~fits.any(dim=1, keepdim=True)
+    w, h = torch.where(fallback, fallback_w, w), torch.where(fallback, fallback_h, h)
+    x0 = torch.where(fallback, torch.div(width - w, 2, rounding_mode="floor"), x0)
+    y0 = torch.where(fallback, torch.div(height - h, 2, rounding_mode="floor"), y0)
+    return torch.cat([x0, y0, x0 + w, y0 + h], dim=1)
+
+
+def center_crop_boxes(shapes: torch.Tensor, image_size: int) -> torch.Tensor:
+    """:func:`eval_transform`'s crop of images of original (height, width) ``shapes`` (B, 2) -> boxes (B, 4) in pixels:
+    the shorter side resized to source_size(S), then the central S x S, is the central square of side
+    shorter x S / source_size(S)."""
+    shapes = shapes.to(torch.float64)
+    side = shapes.min(dim=1, keepdim=True).values * image_size / source_size(image_size)
+    y0, x0 = (shapes[:, :1] - side) / 2, (shapes[:, 1:] - side) / 2
+    return torch.cat([x0, y0, x0 + side, y0 + side], dim=1)
+
+
+def crop_resize(pixels: torch.Tensor, shapes: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor, image_size: int) -> torch.Tensor:
+    """Crop ``boxes`` (B, 4, in original pixels) out of squashed images ``pixels`` (B, R, R, 3) uint8, resize each to
+    S x S bilinearly and flip where ``flips`` (B,) bool -> float (B, 3, S, S) in [0, 255], channels last in memory.
+
+    The squashed image spans the original's extent, so a box in original pixels is the same box in the [-1, 1]
+    coordinates of ``grid_sample`` (align_corners=False, as torchvision's resize); one affine grid per image
+    does the crop, the resize and the flip for the whole batch at once. R is the crop's source size (256 for
+    224), so no crop shrinks by more than R / S and plain bilinear sampling needs no antialiasing.
+    """
+    shapes = shapes.to(torch.float64)
+    scale = torch.cat([shapes[:, 1:], shapes[:, :1]], dim=1)  # (width, height)
+    centre = (boxes[:, :2] + boxes[:, 2:]) / scale - 1
+    half = (boxes[:, 2:] - boxes[:, :2]) / scale
+    theta = torch.zeros(len(boxes), 2, 3, dtype=torch.float64)
+    theta[:, 0, 0] = torch.where(flips, -half[:, 0], half[:, 0])
+    theta[:, 1, 1] = half[:, 1]
+    theta[:, :, 2] = centre
+    grid = nn_functional.affine_grid(theta.float(), [len(boxes), 3, image_size, image_size], align_corners=False)
+    images = pixels.permute(0, 3, 1, 2).float()
+    return nn_functional.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def keep_batch(batch):
+    """The DataLoader's collate_fn for :class:`CachedImages`: its ``__getitems__`` returns whole batches."""
+    return batch
+
+
+class CachedImages(torch.utils.data.Dataset):
+    """An ImageSet with a decoded cache (``ImageSet.decoded``) as a torch Dataset fetched a batch at a time.
+
+    ``__getitems__(indices)`` -> (images (B, 3, S, S) float normalized, labels (B,) int64): the batch's rows are
+    read from the memory map at once and cropped, resized and flipped as one batch (:func:`crop_resize`), with
+    the crops of :func:`train_transform` (``strength`` > 0) or :func:`eval_transform` (``strength`` None or 0).
+    Use it with ``collate_fn=keep_batch``. Randomness comes from torch's generator, which the DataLoader seeds
+    per worker, as for the PIL path.
+    """
+
+    def __init__(self, images: ImageSet, image_size: int, strength: float | None = None, label_index: dict[int, int] | None = None):
+        if images.decoded is None:
+            raise ValueError("CachedImages needs an ImageSet with a decoded cache (cache.attach_cache)")
+        self.images, self.image_size, self.strength = images, image_size, strength or 0.0
+        labels = images.labels if label_index is None else np.array([label_index[int(c)] for c in images.labels])
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        mean, std = normalization_stats(images.kind)
+        self.scale = (1 / (255 * torch.tensor(std))).view(1, 3, 1, 1)
+        self.shift = (torch.tensor(mean) / torch.tensor(std)).view(1, 3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = np.asarray(indices, dtype=np.int64)
+        decoded = self.images.decoded
+        rows = decoded.rows[index]
+        pixels = torch.from_numpy(decoded.pixels[rows])  # one gather from the memory map
+        shapes = torch.from_numpy(decoded.shapes[rows])
+        if self.strength > 0:
+            boxes = random_crop_boxes(shapes, self.strength)
+            flips = torch.rand(len(index)) < 0.5
+        else:
+            boxes, flips = center_crop_boxes(shapes, self.image_size), torch.zeros(len(index), dtype=torch.bool)
+        images = crop_resize(pixels, shapes, boxes, flips, self.image_size)
+        return images.mul_(self.scale).sub_(self.shift), self.labels[index]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.__getitems__([i])
+        return images[0], int(labels[0])
+
+
+def image_dataset(
+    images: ImageSet, image_size: int, strength: float | None = None, label_index: dict[int, int] | None = None
+) -> tuple[torch.utils.data.Dataset, Callable | None]:
+    """(dataset, collate_fn) for a DataLoader over ``images``: training crops of ``strength``, or evaluation ones (None).
+
+    Through the decoded cache (batch-wise, :class:`CachedImages`) when the set has one, else image by image
+    through PIL and torchvision (:class:`TorchImages`, the streaming path); collate_fn None is the default.
+    """
+    if images.decoded is not None:
+        return CachedImages(images, image_size, strength, label_index), keep_batch
+    transform = eval_transform(images.kind, image_size) if strength is None else train_transform(images.kind, image_size, strength)
+    return TorchImages(images, transform, label_index), None
