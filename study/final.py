@@ -231,6 +231,12 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     """
     tracking.setup(uri, experiment)
     parent = study_parent(uri, experiment, study, "--study")
+    if parent.info.status == "RUNNING":  # its pick is not made yet: best_config.yaml is written at the study's end
+        raise UsageError(
+            f"--study {study}: study {study} is still running (its MLflow parent run {parent.info.run_id} is RUNNING); "
+            f"retrain its pick once it has finished. Follow it: {console.ui_command(uri)}; if its driver was killed, "
+            f"finish it: {console.python_command('study.launch')} --study-name {study} --resume"
+        )
     record = StudyRecord.from_params(parent.data.params, where=f"study {study!r}")
     with tempfile.TemporaryDirectory() as tmp:
         try:

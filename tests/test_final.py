@@ -346,7 +346,7 @@ def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monke
     client = mlflow.MlflowClient(uri)
     best = write_config(tmp_path / "best_config.yaml")  # logged as the parent's artifact, as a finished study has it
     recorded = recorded_params(data_root=tmp_path / "study_root")
-    parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded)
+    client.set_terminated(parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded))  # finished
     seen = []
 
     def load_data(plan, data_root, download):
@@ -373,8 +373,9 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
     client = mlflow.MlflowClient(uri)
     experiment_id = tracking.setup(uri, "dml-studies")
     best = write_config(tmp_path / "best_config.yaml", epochs=3)
-    parent.create_parent_run(client, experiment_id, "scaled", str(best), recorded_params(epochs=3, final_epochs=6))
-    parent.create_parent_run(client, experiment_id, "older", str(best), recorded_params(epochs=3, final_epochs=None))
+    for name, final_epochs in (("scaled", 6), ("older", None)):  # finished studies
+        recorded = recorded_params(epochs=3, final_epochs=final_epochs)
+        client.set_terminated(parent.create_parent_run(client, experiment_id, name, str(best), recorded))
 
     def epochs(*argv):
         plan = final.make_plan(final.parse_args(list(argv)), uri)
@@ -476,3 +477,25 @@ def test_the_name_rule_is_at_least_as_strict_as_mlflows_registered_model_names()
             mlflow_takes = False
         assert mlflow_takes or not is_name(name), name
     assert [n for n in candidates if is_name(n)] == ["s1-embedding", "a.b_c-1", "x" * 100]
+
+
+def test_a_study_still_running_is_refused_naming_how_to_follow_it(tmp_path, runs, capsys, monkeypatch):
+    """Issue 33, finding 9: study.final --study on a running study said "no trial completed" while Optuna held a COMPLETE
+    trial. A study whose parent run is RUNNING (its driver running, or killed) is refused, saying so and what to run."""
+    from study import parent, tracking
+    from tests.conftest import recorded_params
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a seed trained from a study still running")
+
+    monkeypatch.setattr(final, "train_seed", no_training)
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    best = write_config(tmp_path / "best_config.yaml")  # an artifact of the parent run, as if written early
+    run_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "busy", str(best), recorded_params())
+    assert client.get_run(run_id).info.status == "RUNNING"
+    code, err = run_main(["--study", "busy", "--seeds", "1"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "study busy is still running" in err and f"parent run {run_id} is RUNNING" in err
+    assert "mlflow ui" in err and "study.launch --study-name busy --resume" in err  # how to follow it; a killed driver's study
+    assert [r.info.run_id for r in all_runs(uri)[1]] == [run_id]
