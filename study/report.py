@@ -239,11 +239,15 @@ def find_parent(client, name: str, experiment: str | None):
             raise tracking.UsageError(f"--experiment {experiment}: no such MLflow experiment")
         ids = [found.experiment_id]
     else:
-        ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(
-        ids, filter_string=tracking.run_filter({"tags.study_name": name}), max_results=5000, order_by=["attributes.start_time DESC"]
-    )
-    parents = [r for r in runs if r.data.tags.get("kind") in ("study", "final_grid")]
+        ids = [e.experiment_id for e in tracking.all_pages(client.search_experiments)]
+    parents = [  # searched by kind too: a study's trials share its name, and there may be many
+        run
+        for kind in ("study", "final_grid")
+        for run in tracking.all_pages(
+            client.search_runs, experiment_ids=ids, filter_string=tracking.run_filter({"tags.study_name": name, "tags.kind": kind})
+        )
+    ]
+    parents.sort(key=lambda run: run.info.start_time, reverse=True)
     if not parents:
         raise tracking.UsageError(
             f"--study {name}: no study or grid of final runs of that name"
@@ -268,14 +272,11 @@ def _mean_over_seeds(client, runs: list, key: str) -> dict[int, float]:
     return dict(enumerate(np.mean([h[:length] for h in histories], axis=0).tolist(), start=1))
 
 
-def _final_seed_runs(client, parent, max_results: int = 5000) -> list:
+def _final_seed_runs(client, parent) -> list:
     """The study.final seed runs under ``parent``, oldest first."""
-    return client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=tracking.run_filter({"tags.mlflow.parentRunId": parent.info.run_id, "tags.kind": "final_seed"}),
-        max_results=max_results,
-        order_by=["attributes.start_time ASC"],
-    )
+    seeds = tracking.run_filter({"tags.mlflow.parentRunId": parent.info.run_id, "tags.kind": "final_seed"})
+    ids = [parent.info.experiment_id]
+    return tracking.all_pages(client.search_runs, experiment_ids=ids, filter_string=seeds, order_by=["attributes.start_time ASC"])
 
 
 def _seed_metrics(run) -> dict[str, float]:
@@ -548,7 +549,7 @@ def early_stopping(
 def study_finals(client, parent, out: Path) -> list[Block]:
     """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
     name = parent.data.tags["study_name"]
-    finals = _final_seed_runs(client, parent, max_results=1000)
+    finals = _final_seed_runs(client, parent)
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]

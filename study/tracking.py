@@ -250,6 +250,22 @@ def run_filter(equal: Mapping[str, str]) -> str:
     return " and ".join(f"{key} = '{value}'" for key, value in equal.items())
 
 
+SEARCH_PAGE = 1000  # runs (experiments) per search call: MLflow's default page, which a server answers in one reply
+
+
+def all_pages(search: Callable[..., Any], **query: Any) -> list:
+    """Everything an MLflow search (``client.search_runs``, ``client.search_experiments``) finds for ``query``, read page
+    after page: one call returns at most a page and a token for the rest, so a single call with a ``max_results`` drops
+    what lies beyond it (issue 27)."""
+    found, token = [], None
+    while True:
+        page = search(**query, max_results=SEARCH_PAGE, page_token=token)
+        found.extend(page)
+        token = page.token
+        if not token:
+            return found
+
+
 def find_study_run(client: mlflow.MlflowClient, experiment_id: str, study_name: str):
     """The parent run of ``study_name`` in the experiment, or None."""
     runs = client.search_runs(
@@ -259,9 +275,9 @@ def find_study_run(client: mlflow.MlflowClient, experiment_id: str, study_name: 
 
 
 def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, kind: str = "trial") -> list:
-    return client.search_runs(
-        [experiment_id], filter_string=run_filter({"tags.mlflow.parentRunId": parent_id, "tags.kind": kind}), max_results=10000
-    )
+    """Every child run of ``parent_id`` tagged ``kind``."""
+    children = run_filter({"tags.mlflow.parentRunId": parent_id, "tags.kind": kind})
+    return all_pages(client.search_runs, experiment_ids=[experiment_id], filter_string=children)
 
 
 def first_error_line(text: str | None) -> str:

@@ -15,6 +15,7 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import optuna
@@ -352,3 +353,54 @@ def test_finished_schedules_read_each_budget_at_its_end():
     run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="trial-a"), data=SimpleNamespace(tags={}))
     histories = {"trial-a": {1: 0.1, 2: 0.5, 3: 0.3, 4: 0.4, 5: 0.9}}
     assert finished_schedules(Client(), [run], histories) == {"trial-a": {2: 0.5, 4: 0.9}}
+
+
+# -- paging: MLflow answers a search in pages (issue 27) ------------------------------------------------------------------
+
+
+class PagingMlflow:
+    """An MLflow client whose search_runs answers as MLflow does: at most ``max_results`` runs (refused above 50,000)
+    and a page token for the rest; it counts its calls. Filters are tracking.run_filter's ``key = 'value' and ...``."""
+
+    def __init__(self, runs: list) -> None:
+        self.runs, self.calls = runs, 0
+
+    def search_runs(self, experiment_ids, filter_string="", max_results=1000, order_by=None, page_token=None):
+        from mlflow.store.entities.paged_list import PagedList
+
+        assert max_results <= 50_000
+        self.calls += 1
+        wanted = dict(re.findall(r"tags\.([\w.]+) = '([^']*)'", filter_string))
+        found = [r for r in self.runs if all(r.data.tags.get(k) == v for k, v in wanted.items())]
+        found.sort(key=lambda r: r.info.start_time, reverse=bool(order_by and order_by[0].endswith("DESC")))
+        start = int(page_token or 0)
+        rest = start + max_results < len(found)
+        return PagedList(found[start : start + max_results], str(start + max_results) if rest else None)
+
+    def search_experiments(self, max_results=1000, page_token=None):
+        """1,500 experiments, in pages; only "0" holds runs."""
+        from mlflow.store.entities.paged_list import PagedList
+
+        self.calls += 1
+        start = int(page_token or 0)
+        ids = [str(i) for i in range(start, min(start + max_results, 1500))]
+        return PagedList([SimpleNamespace(experiment_id=i) for i in ids], str(start + max_results) if start + max_results < 1500 else None)
+
+
+def fake_run(run_id: str, start_time: int, **tags):
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id, experiment_id="0", start_time=start_time), data=SimpleNamespace(tags=tags))
+
+
+def test_every_search_reads_every_page():
+    """12,000 trials, 12,000 seed runs: each search returns all of them, in pages (before: 10,000 trials, 5,000 seeds, and a
+    study's parent, its oldest run, fell off the 5,000 newest runs of its name)."""
+    from study import tracking
+
+    parent = fake_run("parent", 0, study_name="big", kind="study")
+    trials = [fake_run(f"t{i}", 1 + i, study_name="big", kind="trial", **{"mlflow.parentRunId": "parent"}) for i in range(12_000)]
+    seeds = [fake_run(f"s{i}", 20_000 + i, kind="final_seed", **{"mlflow.parentRunId": "parent"}) for i in range(12_000)]
+    client = PagingMlflow([parent, *trials, *seeds])
+    assert sorted(r.info.run_id for r in tracking.child_runs(client, "0", "parent")) == sorted(r.info.run_id for r in trials)
+    assert 12 <= client.calls <= 13  # pages of 1,000
+    assert [r.info.run_id for r in report._final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
+    assert report.find_parent(client, "big", None) is parent  # in any of 1,500 experiments
