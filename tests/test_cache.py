@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torchvision.transforms import RandomResizedCrop
+from torchvision.transforms import RandomResizedCrop, v2
 
 from bench.photo_data import make_sop
 from trainables.core import cache, data
@@ -282,16 +282,17 @@ def test_random_crop_boxes_follow_torchvision_random_resized_crop():
 def test_crop_resize_crops_flips_and_matches_the_eval_path():
     rng = np.random.default_rng(0)
     original = rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)
-    squashed = np.asarray(Image.fromarray(original).resize((90, 90), Image.Resampling.BILINEAR))  # no vertical change
-    pixels, shapes = torch.from_numpy(squashed[None].copy()), torch.tensor([[60, 90]])
-    whole = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 90.0, 60.0]]), torch.tensor([False]), 90)
-    expected = torch.from_numpy(squashed.copy()).float()
-    torch.testing.assert_close(whole[0].permute(1, 2, 0), expected, atol=0.01, rtol=0)
+    squashed = np.asarray(Image.fromarray(original).resize((90, 90), Image.Resampling.BILINEAR)).copy()  # rows 60 -> 90
+    pixels, shapes, no = torch.from_numpy(squashed[None]), torch.tensor([[60, 90]]), torch.tensor([False])
+    whole = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 90.0, 60.0]]), no, 90)
+    assert whole.dtype == torch.uint8 and whole.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(whole[0].permute(1, 2, 0), torch.from_numpy(squashed), atol=0, rtol=0)
     flipped = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 90.0, 60.0]]), torch.tensor([True]), 90)
-    torch.testing.assert_close(flipped, whole.flip(-1), atol=0.01, rtol=0)
-    # the left half: 45 of the 90 stored columns as they are, the 90 stored rows (60 original) halved by bilinear sampling
-    left = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 45.0, 60.0]]), torch.tensor([False]), 45)
-    torch.testing.assert_close(left[0].permute(1, 2, 0), (expected[0::2, :45] + expected[1::2, :45]) / 2, atol=0.01, rtol=0)
+    torch.testing.assert_close(flipped, whole.flip(-1), atol=0, rtol=0)
+    # the left half of the original (45 x 60 px) is the stored 45 x 90 px, resized as torchvision resizes a crop
+    left = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 45.0, 60.0]]), no, 45)
+    by_torchvision = v2.functional.resized_crop(pixels.permute(0, 3, 1, 2), 0, 0, 90, 45, [45, 45], antialias=True)
+    torch.testing.assert_close(left, by_torchvision, atol=1, rtol=0)
     boxes = center_crop_boxes(torch.tensor([[300, 400], [500, 250]]), 224)
     by_hand = [[68.75, 18.75, 331.25, 281.25], [15.625, 140.625, 234.375, 359.375]]  # sides 300 and 250 x 224 / 256, centred
     torch.testing.assert_close(boxes, torch.tensor(by_hand, dtype=torch.float64))

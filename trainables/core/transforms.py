@@ -164,24 +164,26 @@ def center_crop_boxes(shapes: torch.Tensor, image_size: int) -> torch.Tensor:
 
 def crop_resize(pixels: torch.Tensor, shapes: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor, image_size: int) -> torch.Tensor:
     """Crop ``boxes`` (B, 4, in original pixels) out of squashed images ``pixels`` (B, R, R, 3) uint8, resize each to
-    S x S bilinearly and flip where ``flips`` (B,) bool -> float (B, 3, S, S) in [0, 255], channels last in memory.
+    S x S and flip where ``flips`` (B,) bool -> uint8 (B, 3, S, S), channels last in memory.
 
-    The squashed image spans the original's extent, so a box in original pixels is the same box in the [-1, 1]
-    coordinates of ``grid_sample`` (align_corners=False, as torchvision's resize); one affine grid per image
-    does the crop, the resize and the flip for the whole batch at once. R is the crop's source size (256 for
-    224), so no crop shrinks by more than R / S and plain bilinear sampling needs no antialiasing.
+    The squashed image spans the original's extent, so a box in original pixels is scaled to R / width and
+    R / height and rounded to whole pixels, as torchvision crops. The resize is torch's bilinear, antialiased
+    interpolation of uint8 channels-last images (the kernel torchvision's resize of uint8 tensors uses), one
+    image at a time since every crop has its own size; boxes, flips and the batch's gather are batch-wise.
     """
-    shapes = shapes.to(torch.float64)
-    scale = torch.cat([shapes[:, 1:], shapes[:, :1]], dim=1)  # (width, height)
-    centre = (boxes[:, :2] + boxes[:, 2:]) / scale - 1
-    half = (boxes[:, 2:] - boxes[:, :2]) / scale
-    theta = torch.zeros(len(boxes), 2, 3, dtype=torch.float64)
-    theta[:, 0, 0] = torch.where(flips, -half[:, 0], half[:, 0])
-    theta[:, 1, 1] = half[:, 1]
-    theta[:, :, 2] = centre
-    grid = nn_functional.affine_grid(theta.float(), [len(boxes), 3, image_size, image_size], align_corners=False)
-    images = pixels.permute(0, 3, 1, 2).float()
-    return nn_functional.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    rows, cols = pixels.shape[1:3]
+    scale = torch.stack([cols / shapes[:, 1], rows / shapes[:, 0]], dim=1).to(torch.float64).repeat(1, 2)
+    x0, y0, x1, y1 = torch.round(boxes * scale).to(torch.int64).unbind(1)
+    x0, y0 = x0.clamp(0, cols - 1), y0.clamp(0, rows - 1)
+    x1, y1 = torch.maximum(x1.clamp(max=cols), x0 + 1), torch.maximum(y1.clamp(max=rows), y0 + 1)
+    images = pixels.permute(0, 3, 1, 2)  # (B, 3, R, R), channels last in memory
+    out = torch.empty(len(boxes), 3, image_size, image_size, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    size = (image_size, image_size)
+    for i, (a, b, c, d) in enumerate(zip(x0.tolist(), y0.tolist(), x1.tolist(), y1.tolist())):
+        out[i : i + 1] = nn_functional.interpolate(images[i : i + 1, :, b:d, a:c], size, mode="bilinear", antialias=True)
+    if flips.any():
+        out[flips] = out[flips].flip(-1)
+    return out
 
 
 def keep_batch(batch):
@@ -193,7 +195,7 @@ class CachedImages(torch.utils.data.Dataset):
     """An ImageSet with a decoded cache (``ImageSet.decoded``) as a torch Dataset fetched a batch at a time.
 
     ``__getitems__(indices)`` -> (images (B, 3, S, S) float normalized, labels (B,) int64): the batch's rows are
-    read from the memory map at once and cropped, resized and flipped as one batch (:func:`crop_resize`), with
+    read from the memory map at once, cropped, resized and flipped in uint8 (:func:`crop_resize`), with
     the crops of :func:`train_transform` (``strength`` > 0) or :func:`eval_transform` (``strength`` None or 0).
     Use it with ``collate_fn=keep_batch``. Randomness comes from torch's generator, which the DataLoader seeds
     per worker, as for the PIL path.
@@ -223,7 +225,7 @@ class CachedImages(torch.utils.data.Dataset):
             flips = torch.rand(len(index)) < 0.5
         else:
             boxes, flips = center_crop_boxes(shapes, self.image_size), torch.zeros(len(index), dtype=torch.bool)
-        images = crop_resize(pixels, shapes, boxes, flips, self.image_size)
+        images = crop_resize(pixels, shapes, boxes, flips, self.image_size).float()
         return images.mul_(self.scale).sub_(self.shift), self.labels[index]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
