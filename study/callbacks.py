@@ -19,6 +19,7 @@ from ray.tune import Callback
 from study.recorder import TrialRecorder
 from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
+from study.tunestate import KeepTuneState
 
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
 # The ladder's bookkeeping that MLflow's step already says (epochs_trained) or that is the searcher's (objective_step).
@@ -101,11 +102,17 @@ class MlflowTrials(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = trial_outcome(trial.last_result, error=False, metric=self.metric, max_epochs=self.max_epochs)
         tags = {"stopped_by_asha": str(state == PRUNED).lower(), "trial_state": state}
+        if (
+            confirmed_trial(trial.config) is None
+        ):  # what the searcher tells Optuna, by the same rule: the end of the study has nothing to add
+            tags["optuna_state"] = state
         self.submit({"op": "complete", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
     def on_trial_error(self, iteration, trials, trial, **info):
         reason = first_error_line(trial_error_text(trial))
         tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false"}
+        if confirmed_trial(trial.config) is None:
+            tags["optuna_state"] = FAIL
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
 
@@ -200,3 +207,16 @@ class Progress(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._line(trials, f"{trial.trial_id} failed", force=True)
+
+
+class KeepState(Callback):
+    """Keeps a copy of the study's last readable Tune state, which a resume puts back if a full disk tore the files."""
+
+    def __init__(self, experiment_dir: str) -> None:
+        self.keeper = KeepTuneState(experiment_dir)
+
+    def on_step_end(self, iteration, trials, **info):
+        self.keeper.maybe_keep()
+
+    def on_experiment_end(self, trials, **info):
+        self.keeper.maybe_keep(force=True)

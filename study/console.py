@@ -52,7 +52,7 @@ def library_output_to(path: Path, loggers: tuple[str, ...] = LIBRARY_LOGGERS) ->
 
     optuna.logging.get_logger("optuna")  # installs Optuna's console handler now, so that it is replaced here
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = QuietFileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     saved = {
         name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate, logging.getLogger(name).level) for name in loggers
@@ -83,6 +83,19 @@ def library_output_to(path: Path, loggers: tuple[str, ...] = LIBRARY_LOGGERS) ->
             os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
         else:
             os.environ["RAY_AIR_NEW_OUTPUT"] = new_output
+
+
+class QuietFileHandler(logging.FileHandler):
+    """The log file's handler: a record it cannot write (a full disk) is said once on stderr, in one line, not with
+    logging's traceback per record; the study goes on without its library logs."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            print(f"warning: {self.baseFilename}: cannot be written ({error}); library logs are dropped from now on", file=sys.stderr)
 
 
 def _is_console(handler: logging.Handler) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 import mlflow
 import optuna
 
-from study import checks, console, inputs, interrupts, locks, names, parent, records, tracking
+from study import checks, console, inputs, interrupts, locks, names, parent, records, tracking, tunestate
 from study.inputs import UsageError
 from study.interrupts import StopSignals, env_set
 from study.journal import journal_file, open_storage
@@ -535,7 +535,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.callbacks import MlflowTrials, Progress
+    from study.callbacks import KeepState, MlflowTrials, Progress
     from study.search import ConfirmingSearcher
 
     s = settings
@@ -561,6 +561,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
             callbacks=[
                 MlflowTrials(recorder, s.record.metric, s.max_epochs),
                 Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.reruns),
+                *([KeepState(s.experiment_dir)] if "://" not in s.experiment_dir else []),
                 CSVLoggerCallback(),
                 JsonLoggerCallback(),
             ],
@@ -575,6 +576,8 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
     from ray import tune
 
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
+    if "://" not in settings.experiment_dir and (torn := tunestate.recover(settings.experiment_dir)):
+        print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
     parent.reconcile_before_resume(study, settings.experiment_dir)
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
 
@@ -701,7 +704,14 @@ def resume_hint(settings: StudySettings | None) -> str:
     where = f" --experiment {settings.experiment}" if settings.experiment != DEFAULT_EXPERIMENT else ""
     if settings.tracking_uri != tracking.resolve_tracking_uri(None):  # MLflow is found where the study recorded its stores
         where += f" --tracking-uri {settings.tracking_uri}"
-    return f"its state is saved: continue it with  {console.python_command('study.launch')} --study-name {settings.name} --resume{where}"
+    command = f"{console.python_command('study.launch')} --study-name {settings.name} --resume{where}"
+    if "://" not in settings.experiment_dir and not tunestate.resumable(settings.experiment_dir):  # checked, not promised
+        return (
+            f"its Tune state under {settings.experiment_dir} could not be saved whole (a full disk?), and no good copy of it "
+            f"exists: the trials kept so far are in MLflow and the Optuna storage; free space and start the study again ({command} "
+            "refuses a torn state)"
+        )
+    return f"its state is saved: continue it with  {command}"
 
 
 def interrupted_message(error: KeyboardInterrupt, settings: StudySettings | None) -> str:

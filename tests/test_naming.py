@@ -218,3 +218,22 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     assert "the model of seed 3" in out and "registered as s-embedding" in out
     assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
     assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out
+
+
+def test_a_full_disk_under_the_log_file_is_said_once_not_as_a_traceback_per_record(tmp_path, capsys):
+    """ENOSPC while the libraries log: one warning line on stderr, never logging's "--- Logging error ---" traceback."""
+    import errno
+
+    with console.library_output_to(tmp_path / "logs" / "s.log"):
+        handler = logging.getLogger("ray").handlers[-1]
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        handler.stream.write = full
+        for n in range(30):
+            logging.getLogger("ray").warning("record %d", n)
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "s.log" in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0], err

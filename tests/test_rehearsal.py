@@ -61,3 +61,27 @@ def test_a_rehearsal_killed_mid_study_resumes_as_a_rehearsal_and_records_each_tr
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rehearsal (0.5 s per surrogate epoch" in out.stdout  # the study's own setting, from its record
     assert_recorded_once(runs, "rk", 6)
+
+
+def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_copy(tmp_path):
+    """Ray Tune's state files cut short (as a full disk leaves them: experiment state cut mid-file, the searcher's
+    state empty) no longer make a study unresumable: --resume puts back the last good copy and finishes the study."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    experiment, good = runs / "ray" / "torn", runs / "ray" / "torn" / ".last-good"
+    start = ["--rehearse", "1", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "6", "--epochs", "16", "--study-name", "torn"]
+    run_and_kill(
+        [*start, "--confirm-seeds", "0"],
+        env,
+        lambda: any(good.glob("experiment_state-*.json")) and sum(e >= 2 for e in epochs_logged(runs, "torn")) >= 2,
+    )
+    state = max(experiment.glob("experiment_state-*.json"))
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    for searcher in experiment.glob("search_gen_state-*.json"):
+        searcher.write_bytes(b"")
+    out = run_driver(["--study-name", "torn", "--resume"], env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "was torn" in out.stdout and "resuming from its last good copy" in out.stdout
+    assert_recorded_once(runs, "torn", 6)
+    assert list(experiment.glob("experiment_state-*.json.torn"))  # what was cut short is kept for inspection

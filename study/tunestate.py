@@ -1,0 +1,124 @@
+"""A study's Ray Tune state, kept resumable: a copy of its last readable snapshot, put back when the files are torn.
+
+Ray Tune snapshots a study's state (``experiment_state-*.json``, the searcher's ``search_gen_state-*.json`` and
+``searcher-state-*.pkl``, ...) into the experiment folder under ``--storage-path`` by copying them from the driver,
+not atomically. A full disk cuts them short, and ``Tuner.restore`` then fails on the torn JSON. So, during a
+study, ``KeepTuneState`` (a Tune callback of the driver) copies each new snapshot whose files all read back into
+``<experiment>/.last-good/`` (atomically, file by file; a copy that fails on a full disk leaves the previous
+one); before a resume, ``recover`` puts that copy back in place of torn files (kept as ``*.torn``). A resume from
+a slightly older snapshot loses nothing: trials continue from their checkpoints, the records skip the epochs they
+already hold, and the Optuna journal keeps what was told.
+
+Local storage paths only (an ``s3://`` store writes each object whole). This module imports no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STATE_PATTERNS = ("experiment_state-*.json", "search_gen_state-*.json", "searcher-state-*.pkl", "basic-variant-state-*.json")
+GOOD = ".last-good"
+FULL_PARSE_BYTES = 16 << 20  # larger snapshots (thousands of trials) are checked by their ends, not parsed every time
+
+
+def state_files(folder: Path) -> list[Path]:
+    """The Tune state files in ``folder``."""
+    return sorted(path for pattern in STATE_PATTERNS for path in folder.glob(pattern))
+
+
+def readable(path: Path) -> bool:
+    """Whether a state file reads back whole: JSON parses (a large one: starts with '{' and ends with '}'), a pickle
+    loads (Tune writes its searchers' state as pickles, whatever the file's suffix)."""
+    try:
+        data = path.read_bytes()
+        if data.lstrip()[:1] != b"{":
+            pickle.loads(data)  # noqa: S301 - the study's own file, written by its own driver
+            return True
+        if len(data) > FULL_PARSE_BYTES:
+            return data.rstrip()[-1:] == b"}"
+        json.loads(data)
+        return True
+    except Exception:  # torn, empty, unreadable: not a state to resume from
+        return False
+
+
+def keep_good_state(experiment_dir: str) -> bool:
+    """Copies the experiment's state files into ``.last-good/`` when every one reads back; True when copied."""
+    folder = Path(experiment_dir)
+    files = state_files(folder)
+    if not files or not all(readable(path) for path in files):
+        return False
+    good = folder / GOOD
+    good.mkdir(exist_ok=True)
+    for path in files:
+        tmp = good / f".{path.name}.tmp"
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, good / path.name)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+    for stale in set(state_files(good)) - {good / path.name for path in files}:
+        stale.unlink(missing_ok=True)
+    return True
+
+
+def resumable(experiment_dir: str) -> bool:
+    """Whether ``--resume`` can restore the experiment: its state files read back, or a good copy of them does
+    (a study stopped before Tune's first snapshot has neither, and nothing to continue)."""
+    folder = Path(experiment_dir)
+    current, copies = state_files(folder), state_files(folder / GOOD) if (folder / GOOD).is_dir() else []
+    return any(all(readable(path) for path in files) for files in (current, copies) if files) or not (current or copies)
+
+
+def recover(experiment_dir: str) -> list[str]:
+    """Before a resume: torn state files are replaced by the last good copy (each torn one kept as ``<name>.torn``).
+
+    Returns the names replaced ([] when every file read back, or when there is no good copy to put back).
+    """
+    folder = Path(experiment_dir)
+    good = folder / GOOD
+    torn = [path for path in state_files(folder) if not readable(path)]
+    copies = state_files(good) if good.is_dir() else []
+    if not torn or not copies or not all(readable(path) for path in copies):
+        return []
+    for path in torn:
+        os.replace(path, path.with_name(path.name + ".torn"))
+    for path in state_files(folder):  # the readable files of the torn snapshot: the good copy replaces it whole
+        path.unlink()
+    for copy in copies:
+        shutil.copyfile(copy, folder / copy.name)
+    log.warning("Tune's state in %s was torn (%s): resumed from its last good copy", experiment_dir, ", ".join(p.name for p in torn))
+    return [path.name for path in torn]
+
+
+class KeepTuneState:
+    """Copies each new snapshot of a study's Tune state, checking at most every ``every_s`` seconds (the Tune
+    callback ``study.callbacks.KeepState`` calls ``maybe_keep`` at each step of Tune's loop)."""
+
+    every_s = 10.0
+
+    def __init__(self, experiment_dir: str) -> None:
+        self.experiment_dir, self.last_try, self.seen = experiment_dir, 0.0, ()
+
+    def maybe_keep(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self.last_try < self.every_s:
+            return
+        self.last_try = time.monotonic()
+        files = state_files(Path(self.experiment_dir))
+        stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists())
+        if stamp == self.seen:
+            return
+        try:
+            if keep_good_state(self.experiment_dir):
+                self.seen = stamp
+        except OSError as error:  # a full disk: the previous good copy stays
+            log.warning("could not keep a copy of Tune's state in %s (%s)", self.experiment_dir, error)

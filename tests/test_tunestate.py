@@ -1,0 +1,46 @@
+"""A study's Tune state kept resumable (study/tunestate.py), on state files written by hand."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+from study import tunestate
+
+
+def write_state(folder, snapshot: str, trials: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"experiment_state-{snapshot}.json").write_text(json.dumps({"trial_data": [[{"id": n}, {}] for n in range(trials)]}))
+    (folder / f"search_gen_state-{snapshot}.json").write_bytes(pickle.dumps({"counter": trials}))  # Tune pickles it
+
+
+def test_a_readable_snapshot_is_copied_and_a_torn_one_never_is(tmp_path):
+    write_state(tmp_path, "a", 3)
+    assert tunestate.keep_good_state(str(tmp_path)) is True
+    assert sorted(p.name for p in (tmp_path / ".last-good").iterdir()) == ["experiment_state-a.json", "search_gen_state-a.json"]
+    state = tmp_path / "experiment_state-a.json"
+    state.write_bytes(state.read_bytes()[:20])  # cut short, as by a full disk
+    assert tunestate.keep_good_state(str(tmp_path)) is False
+    assert json.loads((tmp_path / ".last-good" / "experiment_state-a.json").read_text())["trial_data"][2][0] == {"id": 2}
+
+
+def test_recover_puts_the_good_copy_back_whole_and_keeps_the_torn_files(tmp_path):
+    write_state(tmp_path, "a", 3)
+    tunestate.keep_good_state(str(tmp_path))
+    (tmp_path / "experiment_state-a.json").unlink()
+    (tmp_path / "search_gen_state-a.json").unlink()
+    write_state(tmp_path, "b", 5)  # a later snapshot: its experiment state torn, its searcher state whole
+    (tmp_path / "experiment_state-b.json").write_text('{"trial_data": [[{"id": 0')
+    assert tunestate.resumable(str(tmp_path)) is True  # the good copy
+    assert tunestate.recover(str(tmp_path)) == ["experiment_state-b.json"]
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert names == ["experiment_state-a.json", "experiment_state-b.json.torn", "search_gen_state-a.json"]
+    assert tunestate.recover(str(tmp_path)) == []  # whole again: nothing to do
+
+
+def test_without_a_good_copy_a_torn_state_is_not_called_resumable(tmp_path):
+    write_state(tmp_path, "a", 3)
+    (tmp_path / "search_gen_state-a.json").write_bytes(b"")
+    assert tunestate.resumable(str(tmp_path)) is False
+    assert tunestate.recover(str(tmp_path)) == []  # nothing to put back: left as it is
+    assert tunestate.resumable(str(tmp_path / "never-started")) is True  # nothing to continue, nothing torn
