@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from study import tracking
-from study.inputs import UsageError
+from study.inputs import UsageError, redacted
 from study.journal import journal_file
 
 CONNECT_TIMEOUT_S = 5.0
@@ -111,7 +111,7 @@ def check_cluster_resources(cpus_per_trial: float, gpus_per_trial: float) -> Non
 def check_optuna_storage(storage: str) -> str:
     """--optuna-storage: ``journal:PATH`` in a writable folder, or a database URL SQLAlchemy parses, whose driver is
     installed and whose server (if any) answers. Returns the storage string (a journal path made absolute)."""
-    flag = f"--optuna-storage {storage}"
+    flag = f"--optuna-storage {redacted(storage)}"
     path = journal_file(storage)
     if path is not None:
         if not path or path.endswith(("/", os.sep)) or Path(path).is_dir():

@@ -532,7 +532,7 @@ def print_serving(outcome: dict[str, Any]) -> None:
     """How to serve the registered model (else the first seed's) and query it."""
     first = next(iter(outcome["outcomes"].values()))["results"][0]
     model_uri = first["registered_uri"] or first["model_uri"]
-    serve, curl = serve_commands(outcome["uri"], model_uri)
+    serve, curl = serve_commands(inputs.redacted(outcome["uri"]), model_uri)
     print(f"\nserve {model_uri} over REST (Ctrl-C stops it):\n  {serve}")
     print(f"then embed images (JSON lists of 0..255, (N, H, W) or (N, H, W, C); here one 8 x 8 image):\n  {curl}")
 
@@ -550,7 +550,7 @@ def print_grid_summary(outcome: dict[str, Any]) -> None:
 
 def print_next(outcome: dict[str, Any]) -> None:
     """The MLflow UI command, the serve commands and where library warnings went."""
-    print(f"\nopen the MLflow UI:  {console.ui_command(outcome['uri'])}")
+    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(outcome['uri']))}")
     print_serving(outcome)
     if outcome.get("log"):
         print(f"\nwarnings and library logs: {outcome['log']}")
@@ -583,10 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         tracking.check_store(tracking.resolve_tracking_uri(args.tracking_uri), "study.final")  # before its log file
         with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
+            inputs.redact_logs()
             outcome = {**run_final(args), "log": log}  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return inputs.print_error(error)
     except KeyboardInterrupt as error:
         print(
             f"study.final stopped by {signal_name(error)}: its runs are marked KILLED (nothing to resume; run the command again)",

@@ -1,4 +1,5 @@
-"""What a user gives the study commands, read safely: ``UsageError`` (bad input, one line, exit status 2) and YAML.
+"""What a user gives the study commands, read safely: ``UsageError`` (bad input, one line, exit status 2), YAML, and
+the passwords of storage URLs, which never reach a record, a log or the terminal (``redacted``).
 
 Search spaces, configs and best_config.yaml files are read with a bounded safe loader: a few kB each, no alias
 bombs, no key given twice. This module imports neither MLflow, Ray nor torch.
@@ -6,7 +7,10 @@ bombs, no key given twice. This module imports neither MLflow, Ray nor torch.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,46 @@ import yaml
 
 class UsageError(ValueError):
     """Bad input from the command line or a file; printed as one line, exit status 2."""
+
+
+# scheme://user:password@: the password runs to the last "@" before a space (an unescaped "@" or "/" in it is still hidden)
+_URL_PASSWORD = re.compile(r"(?P<scheme_user>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):(?:[^\s@]*@)+")
+
+
+def redacted(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``: ``postgresql://user:***@host/db``.
+
+    What a study records (params, tags), logs and prints goes through this: a --tracking-uri or --optuna-storage
+    may carry a password, and every reader of MLflow or of a terminal would see it.
+    """
+    return _URL_PASSWORD.sub(r"\g<scheme_user>:***@", text)
+
+
+def print_error(error: BaseException | str) -> int:
+    """Bad input as the commands print it: one line ``error: ...`` on stderr, passwords redacted; returns exit status 2."""
+    print(f"error: {redacted(str(error))}", file=sys.stderr)
+    return 2
+
+
+class RedactingFilter(logging.Filter):
+    """A handler's filter that redacts the passwords of URLs in every record it lets through (see ``redacted``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if redacted(message) != message:
+            record.msg, record.args = redacted(message), None
+        if record.exc_info or record.exc_text:  # a traceback: handlers write its text, cached on the record by the first
+            record.exc_text = redacted(record.exc_text or logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def redact_logs() -> None:
+    """From now on every handler of every logger (the terminal's, MLflow's own, a command's log file) redacts URL
+    passwords in what it writes (``RedactingFilter``, added once per handler). Call it once the handlers are set up."""
+    loggers = [logging.getLogger(), *(x for x in logging.root.manager.loggerDict.values() if isinstance(x, logging.Logger))]
+    for handler in {h for logger in loggers for h in logger.handlers}:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 MAX_YAML_BYTES = 1 << 20  # search spaces and configs are a few kB

@@ -672,22 +672,22 @@ def main(argv: list[str] | None = None) -> int:
         import ray  # noqa: F401  (its import installs the console handler that library_output_to replaces)
 
         with console.library_output_to(console.log_path(settings.name)):
+            inputs.redact_logs()
             outcome = run_study(settings)
     except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return inputs.print_error(error)
     except NothingToRun:
         print(f"study {settings.name} has finished: nothing left to run, nothing written. {next_steps(settings)}")
         return 0
     except KeyboardInterrupt as error:
-        print(interrupted_message(error, settings), file=sys.stderr)
+        print(inputs.redacted(interrupted_message(error, settings)), file=sys.stderr)
         return interrupts.exit_code(error)
     except OSError as error:
         if error.errno not in DISK_ERRORS:
             raise
-        print(f"error: {error.filename or 'a study file'}: {os.strerror(error.errno)}; {resume_hint(settings)}", file=sys.stderr)
+        inputs.print_error(f"{error.filename or 'a study file'}: {os.strerror(error.errno)}; {resume_hint(settings)}")
         return 1
-    console.print_study_summary(outcome, settings.record.metric)
+    console.print_study_summary(dataclasses.replace(outcome, uri=inputs.redacted(outcome.uri)), settings.record.metric)
     if settings.record.rehearse is not None:
         print("this was a rehearsal: every curve is the surrogate's (trainables/surrogate.py); its pick is not a model to retrain")
     return 0

@@ -27,7 +27,6 @@ import json
 import logging
 import re
 import shutil
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Any
 import mlflow
 import numpy as np
 
-from study import names, plots, tracking
+from study import inputs, names, plots, tracking
 from study.artifacts import optuna_plot
 from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
@@ -928,6 +927,7 @@ def publish(staging: Path, out: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    inputs.redact_logs()
     tracking.configure_mlflow()
     try:
         args = parse_args(argv)
@@ -938,8 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         out = out_folder(args.out, args.study)
         out.mkdir(parents=True, exist_ok=True)
     except tracking.UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return inputs.print_error(error)
     # The report is written into a fresh folder of its own, so its clean-up and the upload below see only its files.
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
     try:

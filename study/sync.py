@@ -15,11 +15,13 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import sys
 
 import optuna
 
-from study import console, names, records, tracking
+from study import console, inputs, names, records, tracking
 from study.inputs import UsageError
 from study.journal import open_storage
 from study.parent import study_parent
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", required=True, help="the study's name (its --study-name)")
     tracking.add_tracking_flags(parser.add_argument, f"MLflow experiment of the study (default {tracking.DEFAULT_EXPERIMENT})")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    inputs.redact_logs()  # the recorder names the tracking URI when MLflow is away, MLflow its requests' URLs
     tracking.configure_mlflow()
     try:
         names.check_names({"--study": args.study, "--experiment": args.experiment})
@@ -53,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         named = {"experiment": args.experiment, "final_epochs": record.final_epochs}
         summary = records.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    console.print_study_summary(summary, record.metric)
+        return inputs.print_error(error)
+    console.print_study_summary(dataclasses.replace(summary, uri=inputs.redacted(summary.uri)), record.metric)
     return 0 if summary.mlflow_synced else 1
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import mlflow
 
-from study.inputs import UsageError, parse_yaml, read_yaml, write_yaml  # noqa: F401  (the commands' former home of these)
+from study.inputs import UsageError, parse_yaml, read_yaml, redacted, write_yaml  # noqa: F401  (the commands' former home of some)
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
 DEFAULT_EXPERIMENT = "dml-studies"  # where study.launch records a study, and study.sync and study.final --study look
@@ -38,6 +38,9 @@ def configure_mlflow() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    # MLflow prints "View run ... at: URL" to stdout for every run a server ends: the tracking URI, its password
+    # included, once per trial; the commands print where to look themselves
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) are not for the user
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -110,20 +113,21 @@ def check_tracking_uri(uri: str) -> None:
     a writable folder (else MLflow retries its migrations for about two minutes before failing).
     """
     flag = "--tracking-uri" + ("" if uri != os.environ.get("MLFLOW_TRACKING_URI") else " ($MLFLOW_TRACKING_URI)")
+    what = f"{flag} {redacted(uri)}"
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
     if uri.startswith("file:") or not (scheme or uri.startswith("databricks")):
         raise UsageError(
-            f"{flag} {uri}: MLflow's file store is not supported (MLflow 3 refuses it); "
+            f"{what}: MLflow's file store is not supported (MLflow 3 refuses it); "
             f"expected sqlite:///PATH/mlflow.db (e.g. sqlite:///{runs_dir() / 'mlflow.db'}) or http(s)://SERVER"
         )
     if scheme == "sqlite":
         path = uri.removeprefix("sqlite:///") if is_local_sqlite(uri) else ""
         if not path or path == ":memory:" or path.startswith("file:"):
-            raise UsageError(f"{flag} {uri}: an in-memory or unnamed sqlite store keeps nothing; expected sqlite:///PATH/mlflow.db")
+            raise UsageError(f"{what}: an in-memory or unnamed sqlite store keeps nothing; expected sqlite:///PATH/mlflow.db")
         database = sqlite_file(uri)
-        check_writable(database.parent, f"{flag} {uri}")
+        check_writable(database.parent, what)
         if database.exists() and (not database.is_file() or not os.access(database, os.R_OK | os.W_OK)):
-            raise UsageError(f"{flag} {uri}: {database} is not a writable file; expected a sqlite database file")
+            raise UsageError(f"{what}: {database} is not a writable file; expected a sqlite database file")
 
 
 def check_store(uri: str, what: str) -> None:
@@ -156,14 +160,25 @@ def experiment_artifacts(uri: str, experiment: str) -> str | None:
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """A tracking server must answer its health check within ``timeout`` seconds (refused: at once)."""
+    """A tracking server must answer its health check within ``timeout`` seconds (refused: at once).
+
+    A ``user:password@`` in ``uri`` is sent as HTTP basic auth, as MLflow's client sends it (urllib would take it
+    for part of the host name), and is shown redacted in the error.
+    """
     if not uri.startswith(("http://", "https://")):
         return
+    import base64
     import http.client
+    import urllib.parse
     import urllib.request
 
+    parts = urllib.parse.urlsplit(uri)
+    request = urllib.request.Request(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl().rstrip("/") + "/health")
+    if parts.username is not None:
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode("ascii"))
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             if response.status == 200:
                 return
             reason: object = f"HTTP {response.status}"
@@ -171,7 +186,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         reason = f"not an HTTP reply: {type(error).__name__}"
     except OSError as error:  # refused, timed out, unknown host (urllib's URLError is an OSError)
         reason = getattr(error, "reason", None) or error
-    raise UsageError(f"--tracking-uri {uri}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere")
+    raise UsageError(f"--tracking-uri {redacted(uri)}: MLflow server unreachable ({reason}); start it or point --tracking-uri elsewhere")
 
 
 def setup(uri: str, experiment: str) -> str:
@@ -219,7 +234,7 @@ def reproducibility_tags() -> dict[str, str]:
         "faiss": installed_version("faiss-cpu", "faiss-gpu", "faiss"),
         "mlflow": mlflow.__version__,
         "host": platform.node(),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+        "command": redacted(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))[:500],
     }
 
 
@@ -281,6 +296,7 @@ def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, 
 
 
 def first_error_line(text: str | None) -> str:
-    """The most telling line of a traceback: its last non-empty line."""
+    """The most telling line of a traceback: its last non-empty line, URL passwords redacted (MLflow's errors name the
+    URL they requested, user and password included)."""
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    return lines[-1][:1000] if lines else "unknown error"
+    return redacted(lines[-1])[:1000] if lines else "unknown error"
