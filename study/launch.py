@@ -690,7 +690,15 @@ def main(argv: list[str] | None = None) -> int:
     console.print_study_summary(dataclasses.replace(outcome, uri=inputs.redacted(outcome.uri)), settings.record.metric)
     if settings.record.rehearse is not None:
         print("this was a rehearsal: every curve is the surrogate's (trainables/surrogate.py); its pick is not a model to retrain")
-    return 0
+    if outcome.metrics["n_complete"]:
+        return 0
+    # no trial completed: the study failed (its parent run FAILED), and why is said here, each reason once
+    reasons = tracking.fail_study(outcome.uri, outcome.parent_run_id) if outcome.mlflow_synced else []
+    m = outcome.metrics
+    failed = f"{m['n_failed']} failed" + (f", {m['n_pruned']} stopped early" if m["n_pruned"] else "")
+    lines = [f"  {count} trial{'s' * (count > 1)}: {reason}" for reason, count in reasons]
+    inputs.print_error("\n".join([f"study {settings.name}: no trial completed ({failed})" + ("; the reasons:" if lines else ""), *lines]))
+    return 1
 
 
 def next_steps(settings: StudySettings) -> str:

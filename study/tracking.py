@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -293,6 +294,20 @@ def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, 
     """Every child run of ``parent_id`` tagged ``kind``."""
     children = run_filter({"tags.mlflow.parentRunId": parent_id, "tags.kind": kind})
     return all_pages(client.search_runs, experiment_ids=[experiment_id], filter_string=children)
+
+
+def fail_study(uri: str, parent_run_id: str) -> list[tuple[str, int]]:
+    """A study none of whose trials completed: its parent run ends FAILED with ``failure_reason`` "no trial completed
+    (N failed, M stopped early)", and the distinct reasons its trial runs failed with are returned, each once with how
+    many trials it hit, the most frequent first."""
+    client = mlflow.MlflowClient(uri)
+    trials = child_runs(client, client.get_run(parent_run_id).info.experiment_id, parent_run_id)
+    failed = [run for run in trials if run.info.status == "FAILED"]
+    reasons = Counter(run.data.tags.get("failure_reason", "no reason recorded") for run in failed)
+    stopped = f", {len(trials) - len(failed)} stopped early" if len(trials) > len(failed) else ""
+    client.set_tag(parent_run_id, "failure_reason", f"no trial completed ({len(failed)} failed{stopped})")
+    client.set_terminated(parent_run_id, status="FAILED")
+    return reasons.most_common()
 
 
 def first_error_line(text: str | None) -> str:
