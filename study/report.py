@@ -38,6 +38,7 @@ import numpy as np
 
 from study import inputs, names, plots, tracking
 from study.artifacts import optuna_plot
+from study.record import StudyRecord
 from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
 
@@ -163,20 +164,18 @@ def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> l
     return rung_budgets(max_epochs, grace_period, reduction_factor)[:-1] if grace_period <= max_epochs else []
 
 
-def study_rungs(params: dict[str, str], max_epochs: int) -> list[int]:
-    """:func:`asha_rungs` of a study, from its parent run's ``grace_period`` and ``reduction_factor`` params."""
-    return asha_rungs(int(params.get("grace_period", 1)), float(params.get("reduction_factor", 3)), max_epochs)
+def study_rungs(record: StudyRecord) -> list[int]:
+    """:func:`asha_rungs` of a study: its recorded grace period and reduction factor, below its epochs."""
+    return asha_rungs(record.grace_period, record.reduction_factor, record.epochs)
 
 
-def recorded_early_stopping(params: dict[str, str]) -> str:
-    """The scheduler a study's parent run records, in words (a study recorded before ``scheduler`` was a param ran stock ASHA)."""
-    kind = params.get("scheduler", "asha")
-    if kind == "budget":
-        rungs = [int(b) for b in params.get("budgets", "").split()][:-1]
+def recorded_early_stopping(record: StudyRecord) -> str:
+    """The scheduler a study ran, in words (a study recorded before ``scheduler`` was a param ran stock ASHA: the record says so)."""
+    if record.scheduler == "budget":
+        rungs = list(record.budgets[:-1])
     else:
-        rungs = study_rungs(params, int(params.get("epochs", 0))) if kind == "asha" else []
-    stratify_by = params.get("stratify_by", "none")
-    return describe_rule(kind, rungs, None if stratify_by == "none" else stratify_by)
+        rungs = study_rungs(record) if record.scheduler == "asha" else []
+    return describe_rule(record.scheduler, rungs, record.stratify_by)
 
 
 def paper_table(columns: dict[str, list[dict[str, float]]], scale: float = 100.0) -> list[Block]:
@@ -299,13 +298,12 @@ def _schedule_ends(budget: dict[int, float], epoch: dict[int, float]) -> dict[in
 # -- sections of a study's report ------------------------------------------------------------------------------------
 
 
-def study_header(parent, metric: str, mode: str) -> list[Block]:
-    params, m = parent.data.params, parent.data.metrics
+def study_header(parent, record: StudyRecord) -> list[Block]:
+    r, m = record, parent.data.metrics
     setup = (
         "space: ",
-        Code(f"{params.get('space')}"),
-        f", {params.get('num_samples', '?')} trials of up to {params.get('epochs', 0)} epochs, "
-        f"sampler {params.get('sampler', 'tpe')}, {recorded_early_stopping(params)}",
+        Code(r.space),
+        f", {r.num_samples} trials of up to {r.epochs} epochs, sampler {r.sampler}, {recorded_early_stopping(r)}",
     )
     status = (
         f"status: {parent.info.status}; {int(m.get('n_complete', 0))} complete, {int(m.get('n_pruned', 0))} pruned, "
@@ -313,7 +311,7 @@ def study_header(parent, metric: str, mode: str) -> list[Block]:
     )
     return [
         Heading(1, f"Study {parent.data.tags['study_name']}"),
-        Bullets((setup, status, f"metric: {metric} ({mode}) on the validation classes")),
+        Bullets((setup, status, f"metric: {r.metric} ({r.mode}) on the validation classes")),
     ]
 
 
@@ -374,22 +372,22 @@ def selection_of(client, parent, out: Path) -> dict[str, Any] | None:
         return None
 
 
-def _optuna_study(parent):
-    """The study's Optuna study, from the storage its parent run names (raises when that storage is gone)."""
+def _optuna_study(parent, record: StudyRecord):
+    """The study's Optuna study, from the storage its record names (raises when that storage is gone)."""
     import optuna
 
     from study.search import open_storage
 
-    return optuna.load_study(study_name=parent.data.tags.get("study_name"), storage=open_storage(parent.data.params.get("optuna_storage")))
+    return optuna.load_study(study_name=parent.data.tags.get("study_name"), storage=open_storage(record.optuna_storage))
 
 
-def importances(client, parent, out: Path) -> list[Block]:
+def importances(client, parent, record: StudyRecord, out: Path) -> list[Block]:
     """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
     import optuna
 
     blocks: list[Block] = [Heading(2, "Parameter importances")]
     try:
-        study = _optuna_study(parent)
+        study = _optuna_study(parent, record)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
             values = optuna.importance.get_param_importances(study)
@@ -412,7 +410,7 @@ def _mark(steps: list[float]) -> float | tuple[float, float]:
     return steps[0] if len(set(steps)) == 1 else (min(steps), max(steps))
 
 
-def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, float]]:
+def curve_marks(client, record: StudyRecord, trials: list) -> dict[str, float | tuple[float, float]]:
     """Where the learning curves' steps meet the early stopping and the heating: {label: step, or (first, last) step}.
 
     Stock ASHA (and fifo) judges at the rung epochs of one schedule, and heating starts at
@@ -420,11 +418,8 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
     trial's steps count the epochs it trained; a budget ends, and the last budget's heating
     starts, at the steps read from the trial's ``budget`` and ``epoch`` records.
     """
-    params = parent.data.params
-    max_epochs = int(params.get("epochs", 0))
-    if not max_epochs:
-        return {}
-    budget_rungs = params.get("scheduler") == "budget"
+    max_epochs = record.epochs
+    budget_rungs = record.scheduler == "budget"
     ends: dict[int, list[float]] = {}
     heating: list[float] = []
     for r in trials:
@@ -443,7 +438,7 @@ def curve_marks(client, parent, trials: list) -> dict[str, float | tuple[float, 
     if budget_rungs:
         marks = {f"budget {b} ends": _mark(steps) for b, steps in sorted(ends.items()) if b < max_epochs}
     else:
-        marks = {f"ASHA rung at epoch {rung}": float(rung) for rung in study_rungs(params, max_epochs)}
+        marks = {f"ASHA rung at epoch {rung}": float(rung) for rung in study_rungs(record)}
     if heating:
         marks["heating starts" + (" (range over trials)" if len(set(heating)) > 1 else "")] = _mark(heating)
     return marks
@@ -457,7 +452,9 @@ def learning_curves(
     return [Heading(2, "Validation metric against epoch"), Image(path, "learning curves")]
 
 
-def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict[int, float]], metric: str, out: Path) -> list[Block]:
+def parallel_coordinates(
+    client, parent, record: StudyRecord, trials: list, histories: dict[str, dict[int, float]], out: Path
+) -> list[Block]:
     """The complete trials' parameters and ``metric`` as parallel coordinates, each trial on the axes of the parameters it had.
 
     From the Optuna study (a trial's params are the ones it sampled, so a conditional parameter
@@ -468,7 +465,7 @@ def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict
     try:
         import optuna
 
-        study = _optuna_study(parent)
+        study = _optuna_study(parent, record)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             rows.append(dict(t.params))
             values.append(float(t.value))
@@ -489,7 +486,9 @@ def parallel_coordinates(client, parent, trials: list, histories: dict[str, dict
     heading = Heading(2, "Parallel coordinates")
     if len(rows) < 2 or not varying:
         return [heading, Paragraph("(fewer than two complete trials, or no parameter that varies)")]
-    path = plots.parallel_coordinates(rows, values, out / "parallel_coordinates.png", metric=metric, log_params=log_params, choices=choices)
+    path = plots.parallel_coordinates(
+        rows, values, out / "parallel_coordinates.png", metric=record.metric, log_params=log_params, choices=choices
+    )
     return [heading, Image(path, "parallel coordinates")]
 
 
@@ -518,21 +517,17 @@ def finished_schedules(client, trials: list, histories: dict[str, dict[int, floa
 
 
 def early_stopping(
-    parent, histories: dict[str, dict[int, float]], metric: str, ends: dict[str, dict[int, float]] | None = None
+    record: StudyRecord, histories: dict[str, dict[int, float]], ends: dict[str, dict[int, float]] | None = None
 ) -> list[Block]:
     """Is early stopping trustworthy: the Spearman correlation of each rung's ranking with the full budget's.
 
     ``ends`` (studies with budget-aware rungs): the value of each finished schedule, read at its budget instead of an epoch.
     """
-    params = parent.data.params
-    max_epochs = int(params.get("epochs", 0))
-    correlation = {}
-    if max_epochs:
-        rungs = study_rungs(params, max_epochs)
-        curves = [list(h.values()) for h in histories.values()]
-        if ends is not None:  # dense by budget: a rung's value is its finished schedule's
-            curves = [[e.get(b, float("nan")) for b in range(1, max_epochs + 1)] for e in ends.values() if max_epochs in e]
-        correlation = rung_rank_correlation(curves, rungs, max_epochs)
+    metric, max_epochs = record.metric, record.epochs
+    curves = [list(h.values()) for h in histories.values()]
+    if ends is not None:  # dense by budget: a rung's value is its finished schedule's
+        curves = [[e.get(b, float("nan")) for b in range(1, max_epochs + 1)] for e in ends.values() if max_epochs in e]
+    correlation = rung_rank_correlation(curves, study_rungs(record), max_epochs)
     at = "the end of each rung's schedule" if ends is not None else "each ASHA rung"
     rows = tuple((f"{rung}", f"{row['spearman']:.3f}", f"{row['n']}") for rung, row in correlation.items())
     return [
@@ -567,24 +562,24 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
 
 
 def study_sections(client, parent, out: Path, top: int) -> list[Block]:
-    """The blocks of a study's report, its PNGs written into ``out``."""
-    params = parent.data.params
-    metric, mode = params.get("metric", "val_recall_at_1"), params.get("mode", "max")
+    """The blocks of a study's report, its PNGs written into ``out``; its settings are its record (study.record)."""
+    record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags['study_name']!r}")
+    metric = record.metric
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
     histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
     states = {_trial_key(r): _trial_state(r) for r in trials}
-    budget_rungs = params.get("scheduler") == "budget"
+    budget_rungs = record.scheduler == "budget"
     selection = selection_of(client, parent, out)
     numbers = {int(r.data.tags["optuna_trial_number"]): _trial_key(r) for r in trials if "optuna_trial_number" in r.data.tags}
     return [
-        *study_header(parent, metric, mode),
-        *top_trials(trials, histories, states, metric, mode, top),
+        *study_header(parent, record),
+        *top_trials(trials, histories, states, metric, record.mode, top),
         *pick_section(selection, numbers),
         *best_config(client, parent, out, picked=selection is not None),
-        *importances(client, parent, out),
-        *parallel_coordinates(client, parent, trials, histories, metric, out),
-        *learning_curves(histories, states, metric, out, curve_marks(client, parent, trials)),
-        *early_stopping(parent, histories, metric, finished_schedules(client, trials, histories) if budget_rungs else None),
+        *importances(client, parent, record, out),
+        *parallel_coordinates(client, parent, record, trials, histories, out),
+        *learning_curves(histories, states, metric, out, curve_marks(client, record, trials)),
+        *early_stopping(record, histories, finished_schedules(client, trials, histories) if budget_rungs else None),
         *study_finals(client, parent, out),
     ]
 
@@ -946,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_log:
             client.log_artifacts(parent.info.run_id, str(staging), artifact_path="report")
         publish(staging, out)
+    except tracking.UsageError as error:  # a parent run that holds no study's record
+        return inputs.print_error(error)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     path = out / "report.md"

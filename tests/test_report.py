@@ -25,6 +25,7 @@ import yaml
 from study import final, report
 from study.report import asha_rungs, markdown, paper_table, rung_rank_correlation
 from study.search import open_storage
+from tests.conftest import recorded_params
 
 
 def all_runs(uri):
@@ -194,15 +195,17 @@ STUDY_CURVES = {  # trial -> (val_recall_at_1 per epoch, final state, lr)
 def write_study_records(tmp_path, storage: str, parent_params: dict[str, str] | None = None, notes: dict[str, str] | None = None):
     """A study's parent run and trial runs as study.launch leaves them, and its Optuna study; returns the tracking URI.
 
-    ``parent_params`` are logged to the parent run besides the usual ones; ``notes``: a ``note`` param of the trials it names.
+    The parent run's params are a study's record (``recorded_params``) changed by ``parent_params`` (None: a param
+    recorded before it existed); ``notes``: a ``note`` param of the trials it names.
     """
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(experiment, run_name="hand", tags={"study_name": "hand", "kind": "study"}).info.run_id
-    params = {"metric": "val_recall_at_1", "mode": "max", "epochs": 3, "grace_period": 1, "reduction_factor": 3, "num_samples": 5}
-    params = {**params, "optuna_storage": storage, **(parent_params or {})}
-    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+    asha = {"scheduler": None, "budgets": None}  # recorded before the budget scheduler: stock ASHA
+    params = {"epochs": 3, "grace_period": 1, "reduction_factor": 3, "num_samples": 5, "optuna_storage": storage, **asha}
+    params = recorded_params(**{**params, **(parent_params or {})})
+    client.log_batch(parent, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
     client.log_metric(parent, "n_complete", 4)
     client.set_terminated(parent, "FINISHED")
     study = optuna.create_study(study_name="hand", direction="maximize", storage=open_storage(storage))
@@ -242,6 +245,17 @@ def test_report_of_a_study_from_hand_written_records(tmp_path, runs, stored):
     assert (out / "learning_curves.png").is_file() and "![learning curves](learning_curves.png)" in text
     assert "(none yet: `python -m study.final --study hand`)" in text
     assert not (out / "tmp").exists()
+
+
+def test_the_report_reads_a_study_as_its_record_does(tmp_path, runs):
+    """Issue 30: the report read the parent run's params itself, with its own values for a param a study recorded before
+    it existed (grace period 1, reduction factor 3), and named rungs such a study never had; StudyRecord's values are
+    the ones study.launch ran with (a quarter of the epochs, factor 4)."""
+    older = {"epochs": 16, "grace_period": None, "reduction_factor": None}
+    uri = write_study_records(tmp_path, f"journal:{tmp_path / 'optuna.log'}", parent_params=older)
+    out = tmp_path / "report"
+    assert report.main(["--study", "hand", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    assert "stock ASHA at epochs 4 of the full schedule" in (out / "report.md").read_text()
 
 
 # -- end to end: study.final --space, then study.report ----------------------------------------------------------------

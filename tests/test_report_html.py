@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from study import plots, report
+from study.record import StudyRecord
 from study.report import (
     Bullets,
     Code,
@@ -36,6 +37,7 @@ from study.report import (
     markdown,
     paper_table,
 )
+from tests.conftest import recorded_params
 from tests.test_report import write_study_records
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"not really a picture, but bytes to compare"
@@ -305,7 +307,7 @@ def _trial(run_id: str, **params):
 
 
 def test_curve_marks_of_stock_asha_and_of_budget_rungs():
-    asha = SimpleNamespace(data=SimpleNamespace(params={"epochs": "9", "grace_period": "1", "reduction_factor": "3"}))
+    asha = StudyRecord.from_params(recorded_params(epochs=9, grace_period=1, reduction_factor=3, scheduler=None, budgets=None))
     heated = _trial("a", loss="softmax", heating="two_stage", heating_start="0.75")
     plain = _trial("b", loss="ice", heating="two_stage", heating_start="0.5")  # ICE does not heat
     assert curve_marks(None, asha, [heated, plain]) == {"ASHA rung at epoch 1": 1.0, "ASHA rung at epoch 3": 3.0, "heating starts": 6.75}
@@ -317,9 +319,7 @@ def test_curve_marks_of_stock_asha_and_of_budget_rungs():
         def get_metric_history(self, run_id, key):
             return [SimpleNamespace(step=i + 1, value=v, timestamp=i) for i, v in enumerate(logged.get((run_id, key), []))]
 
-    ladder = SimpleNamespace(
-        data=SimpleNamespace(params={"epochs": "4", "grace_period": "2", "reduction_factor": "2", "scheduler": "budget"})
-    )
+    ladder = StudyRecord.from_params(recorded_params(epochs=4, grace_period=2, reduction_factor=2, scheduler="budget"))
     b = _trial("b", loss="softmax", heating="none", heating_start="0.75")
     # budget 2 ends at step 2 in both; a's budget 4 starts at step 3 = its epoch 2, so its epoch 3.0 (0.75 x 4) ends at step 4
     assert curve_marks(Client(), ladder, [heated, b]) == {"budget 2 ends": 2, "heating starts": 4.0}
@@ -473,8 +473,8 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
     experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
     storage = f"journal:{tmp_path / 'optuna.log'}"
     parent = client.create_run(experiment, run_name="c", tags={"study_name": "c", "kind": "study"}).info.run_id
-    params = {"metric": "val_recall_at_1", "mode": "max", "epochs": 2, "grace_period": 1, "reduction_factor": 2, "optuna_storage": storage}
-    client.log_batch(parent, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+    params = recorded_params(epochs=2, grace_period=1, reduction_factor=2, optuna_storage=storage, scheduler=None, budgets=None)
+    client.log_batch(parent, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
     client.set_terminated(parent, "FINISHED")
     study = optuna.create_study(study_name="c", direction="maximize", storage=open_storage(storage))
     seen_rows = []
@@ -526,15 +526,17 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
     ],
 )
 def test_study_header_names_the_scheduler_the_study_ran(params, phrase):
+    recorded = {
+        "scheduler": None,
+        "budgets": None,
+        "epochs": "9" if "budgets" not in params or params["budgets"] == "9" else "16",
+        **params,
+    }
     parent = SimpleNamespace(
-        data=SimpleNamespace(
-            params={"epochs": "9" if "budgets" not in params or params["budgets"] == "9" else "16", **params},
-            tags={"study_name": "s"},
-            metrics={},
-        ),
+        data=SimpleNamespace(params=recorded_params(**recorded), tags={"study_name": "s"}, metrics={}),
         info=SimpleNamespace(status="FINISHED"),
     )
-    header = markdown(report.study_header(parent, "val_recall_at_1", "max"))
+    header = markdown(report.study_header(parent, StudyRecord.from_params(parent.data.params)))
     assert phrase in header and ("ASHA" in phrase) == ("ASHA" in header)
 
 
