@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -133,6 +134,47 @@ def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfi
     return TrainConfig.from_dict(values, source=source), name
 
 
+@dataclass(frozen=True)
+class SeedResult:
+    """One seed's child run: its test metrics, training time, logged model and registered version."""
+
+    seed: int
+    run_id: str
+    test: dict[str, float]  # the test_* metrics
+    time_s: float  # training and testing, seconds
+    model_uri: str
+    registered_uri: str | None  # models:/NAME/VERSION of the first seed's model when registered, else None
+
+
+@dataclass(frozen=True)
+class ConfigurationResult:
+    """One configuration trained over the plan's seeds, and the mean and spread of its test metrics."""
+
+    name: str
+    config: TrainConfig
+    seeds: tuple[SeedResult, ...]
+    summary: dict[str, float]  # <metric>_mean, <metric>_std (sample std, 0 for one seed), time_per_seed_s_mean
+
+    def record(self) -> dict[str, Any]:
+        """What the parent run's results.json keeps of it: {"per_seed": [each seed's fields], "summary": ...}."""
+        return {"per_seed": [dataclasses.asdict(seed) for seed in self.seeds], "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class FinalResult:
+    """What one study.final command trained: every configuration of its plan, in order, under one parent run."""
+
+    name: str  # of the config file, the space or the study
+    uri: str  # the tracking URI
+    parent_run_id: str
+    configurations: tuple[ConfigurationResult, ...]
+    log: Path | None = None  # where library warnings and logs went
+
+    @property
+    def grid(self) -> bool:
+        return len(self.configurations) > 1
+
+
 def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
     """Mean and (sample) standard deviation of every test metric across seeds."""
     out: dict[str, float] = {}
@@ -143,10 +185,8 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def train_seed(
-    config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None, origin: str = ""
-) -> dict[str, Any]:
-    """One child run: train, test, histograms, model. Returns test metrics and the model URI.
+def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None, origin: str = "") -> SeedResult:
+    """One child run (the active MLflow run): train, test, histograms, model.
 
     The test metrics are logged once, after the model, linked to it (see
     :func:`record_model`); ``origin`` says where the config came from.
@@ -178,8 +218,8 @@ def train_seed(
     log_embedding_pictures(run, embeddings, workdir)
     mlflow.log_metric("time/total_s", elapsed)
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
-    model = record_model(run, {**test, **similarity}, workdir, register, origin)
-    return {"test": test, "time_s": elapsed, **model, "run_id": mlflow.active_run().info.run_id}
+    model_uri, registered_uri = record_model(run, {**test, **similarity}, workdir, register, origin)
+    return SeedResult(config.seed, mlflow.active_run().info.run_id, test, elapsed, model_uri, registered_uri)
 
 
 def log_embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> None:
@@ -204,10 +244,10 @@ def log_embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> N
         mlflow.log_artifact(str(path))
 
 
-def record_model(run: Run, test: dict[str, float], workdir: Path, register: str | None, origin: str) -> dict[str, str | None]:
+def record_model(run: Run, test: dict[str, float], workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:
     """Log ``run``'s model in the active MLflow run, the test metrics linked to it, and a registered version's description.
 
-    Returns {"model_uri", "registered_uri" (models:/NAME/VERSION, or None)}.
+    Returns the model's URI and the registered version's (models:/NAME/VERSION, or None).
     """
     from study.pyfunc import log_embedding_model, version_description
 
@@ -216,10 +256,10 @@ def record_model(run: Run, test: dict[str, float], workdir: Path, register: str 
     mlflow.log_metrics(linked, step=run.config.epochs, model_id=info.model_id)
     version = info.registered_model_version
     if not register or version is None:
-        return {"model_uri": info.model_uri, "registered_uri": None}
+        return info.model_uri, None
     description = version_description(run.config, linked, origin or "study.final", mlflow.active_run().info.run_id)
     mlflow.MlflowClient().update_model_version(register, str(version), description=description)
-    return {"model_uri": info.model_uri, "registered_uri": f"models:/{register}/{version}"}
+    return info.model_uri, f"models:/{register}/{version}"
 
 
 def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str, str | None]:
@@ -403,12 +443,9 @@ class Target:
 
 def train_configuration(
     plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None, started: list[str]
-) -> dict[str, Any]:
-    """Train ``config`` over the plan's seeds, one child run each; the run ids are appended to ``started``.
-
-    Returns {"config", "results" (per seed), "summary" (mean and spread of the test metrics)}.
-    """
-    results: list[dict[str, Any]] = []
+) -> ConfigurationResult:
+    """Train ``config`` over the plan's seeds, one child run each; the run ids are appended to ``started``."""
+    results: list[SeedResult] = []
     for i in range(plan.seeds):
         seed_config = config.replace(seed=config.seed + i)
         tags = {
@@ -433,43 +470,41 @@ def train_configuration(
                 mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
                 mlflow.end_run(status="KILLED")
                 raise
-    summary = summarize([r["test"] for r in results])
-    summary["time_per_seed_s_mean"] = float(np.mean([r["time_s"] for r in results]))
-    return {"config": config, "results": results, "summary": summary}
+    summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
+    return ConfigurationResult(name, config, tuple(results), summary)
 
 
-def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan, outcomes: dict[str, dict[str, Any]]) -> None:
+def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan, outcomes: list[ConfigurationResult]) -> None:
     """The parent run's results so far: results.json, and for one configuration the summary as metrics."""
     if plan.grid:
-        results = {n: {"per_seed": o["results"], "summary": o["summary"]} for n, o in outcomes.items()}
-        client.log_dict(parent_id, results, "results.json")
+        client.log_dict(parent_id, {o.name: o.record() for o in outcomes}, "results.json")
         return
-    (outcome,) = outcomes.values()
-    for key, value in outcome["summary"].items():
+    (outcome,) = outcomes
+    for key, value in outcome.summary.items():
         client.log_metric(parent_id, plan.prefix + key, value)
-    client.log_dict(parent_id, {"per_seed": outcome["results"], "summary": outcome["summary"]}, f"{plan.prefix}results.json")
+    client.log_dict(parent_id, outcome.record(), f"{plan.prefix}results.json")
 
 
 def train_plan(
     client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target, started: list[str]
-) -> dict[str, dict[str, Any]]:
+) -> tuple[ConfigurationResult, ...]:
     """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
     if plan.grid:
         client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
     else:
         config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
         client.log_artifact(target.parent_id, str(config_file))
-    outcomes: dict[str, dict[str, Any]] = {}
+    outcomes: list[ConfigurationResult] = []
     for index, (name, config) in enumerate(plan.configurations):
         if plan.grid:
             print(f"\n[{index + 1}/{len(plan.configurations)}] {name}", flush=True)
         data = splits[(config.dataset, config.image_size)]
-        outcomes[name] = train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started)
+        outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started))
         record_outcomes(client, target.parent_id, plan, outcomes)
-    return outcomes
+    return tuple(outcomes)
 
 
-def run_final(args: argparse.Namespace) -> dict[str, Any]:
+def run_final(args: argparse.Namespace) -> FinalResult:
     """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     plan = make_plan(args, uri)
@@ -491,17 +526,7 @@ def run_final(args: argparse.Namespace) -> dict[str, Any]:
         raise
     if plan.parent_run_id is None:
         client.set_terminated(parent_id, status="FINISHED")
-    only = outcomes[plan.configurations[0][0]]
-    return {
-        "name": plan.name,
-        "config": first,
-        "uri": uri,
-        "parent_run_id": parent_id,
-        "outcomes": outcomes,
-        "results": only["results"],
-        "summary": only["summary"],
-        "registered": plan.register,
-    }
+    return FinalResult(plan.name, uri, parent_id, outcomes)
 
 
 # One 8 x 8 image, (N, H, W) = (1, 8, 8): a dark cross on white, drawn as Omniglot draws strokes; small enough to type.
@@ -528,53 +553,54 @@ def serve_commands(uri: str, model_uri: str, port: int = 5001) -> list[str]:
     return [serve, curl]
 
 
-def print_serving(outcome: dict[str, Any]) -> None:
+def print_serving(result: FinalResult) -> None:
     """How to serve the registered model (else the first seed's) and query it."""
-    first = next(iter(outcome["outcomes"].values()))["results"][0]
-    model_uri = first["registered_uri"] or first["model_uri"]
-    serve, curl = serve_commands(inputs.redacted(outcome["uri"]), model_uri)
+    first = result.configurations[0].seeds[0]
+    model_uri = first.registered_uri or first.model_uri
+    serve, curl = serve_commands(inputs.redacted(result.uri), model_uri)
     print(f"\nserve {model_uri} over REST (Ctrl-C stops it):\n  {serve}")
     print(f"then embed images (JSON lists of 0..255, (N, H, W) or (N, H, W, C); here one 8 x 8 image):\n  {curl}")
 
 
-def print_grid_summary(outcome: dict[str, Any]) -> None:
+def print_grid_summary(result: FinalResult) -> None:
     keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
-    print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s), mean +- std")
+    print(f"\n{result.name}: test metrics over {len(result.configurations[0].seeds)} seed(s), mean +- std")
     print(f"  {'configuration':<28}" + "".join(f"{k.removeprefix('test_'):>18}" for k in keys))
-    for conf_name, o in outcome["outcomes"].items():
-        cells = "".join(f"{o['summary'][k + '_mean']:>10.4f} +-{o['summary'][k + '_std']:.3f}" for k in keys)
-        print(f"  {conf_name:<28}{cells}")
-    print(f"\nparent run: {outcome['parent_run_id']}  (report: {console.python_command('study.report')} --study {outcome['name']})")
-    print_next(outcome)
+    for c in result.configurations:
+        cells = "".join(f"{c.summary[k + '_mean']:>10.4f} +-{c.summary[k + '_std']:.3f}" for k in keys)
+        print(f"  {c.name:<28}{cells}")
+    print(f"\nparent run: {result.parent_run_id}  (report: {console.python_command('study.report')} --study {result.name})")
+    print_next(result)
 
 
-def print_next(outcome: dict[str, Any]) -> None:
+def print_next(result: FinalResult) -> None:
     """The MLflow UI command, the serve commands and where library warnings went."""
-    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(outcome['uri']))}")
-    print_serving(outcome)
-    if outcome.get("log"):
-        print(f"\nwarnings and library logs: {outcome['log']}")
+    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(result.uri))}")
+    print_serving(result)
+    if result.log:
+        print(f"\nwarnings and library logs: {result.log}")
 
 
-def print_summary(outcome: dict[str, Any]) -> None:
-    if len(outcome["outcomes"]) > 1:
-        print_grid_summary(outcome)
+def print_summary(result: FinalResult) -> None:
+    if result.grid:
+        print_grid_summary(result)
         return
-    summary = outcome["summary"]
+    (only,) = result.configurations
+    summary = only.summary
     keys = [k.removesuffix("_mean") for k in summary if k.endswith("_mean") and k.startswith("test_")]
-    print(f"\n{outcome['name']}: test metrics over {len(outcome['results'])} seed(s) (mean +- std)")
+    print(f"\n{result.name}: test metrics over {len(only.seeds)} seed(s) (mean +- std)")
     for key in keys:
         print(f"  {key:<24} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}")
     print(f"  {'time per seed':<24} {summary['time_per_seed_s_mean']:.0f} s")
-    print(f"\nparent run: {outcome['parent_run_id']}")
-    for r in outcome["results"]:
-        print(f"  model: {r['model_uri']}  (run {r['run_id']})")
-        if r["registered_uri"]:
+    print(f"\nparent run: {result.parent_run_id}")
+    for seed in only.seeds:
+        print(f"  model: {seed.model_uri}  (run {seed.run_id})")
+        if seed.registered_uri:
             print(
-                f"  registered as: {r['registered_uri']}: the first seed's model, seed {outcome['config'].seed} (the config's own); "
+                f"  registered as: {seed.registered_uri}: the first seed's model, seed {seed.seed} (the config's own); "
                 "picking the seed by its test score would tune on the test classes"
             )
-    print_next(outcome)
+    print_next(result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -584,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         tracking.check_store(tracking.resolve_tracking_uri(args.tracking_uri), "study.final")  # before its log file
         with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
             inputs.redact_logs()
-            outcome = {**run_final(args), "log": log}  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
+            result = dataclasses.replace(run_final(args), log=log)  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:
         return inputs.print_error(error)
     except KeyboardInterrupt as error:
@@ -596,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as error:
         print(f"error: training diverged: {error}", file=sys.stderr)
         return 1
-    print_summary(outcome)
+    print_summary(result)
     return 0
 
 

@@ -499,3 +499,36 @@ def test_a_study_still_running_is_refused_naming_how_to_follow_it(tmp_path, runs
     assert "study busy is still running" in err and f"parent run {run_id} is RUNNING" in err
     assert "mlflow ui" in err and "study.launch --study-name busy --resume" in err  # how to follow it; a killed driver's study
     assert [r.info.run_id for r in all_runs(uri)[1]] == [run_id]
+
+
+def seed_result(seed: int, recall: float, registered: str | None = None) -> final.SeedResult:
+    test = {key: 0.5 for key in ("test_nmi", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")}
+    test["test_recall_at_1"] = recall
+    return final.SeedResult(seed, f"run{seed}", test, 60.0 + seed, f"models:/m-{seed}", registered)
+
+
+def test_final_results_are_typed_and_printed_from_their_fields(capsys):
+    """Issue 30: run_final's result is a FinalResult of ConfigurationResults of SeedResults (frozen dataclasses), which
+    the printers read; results.json keeps the same fields."""
+    config = final.TrainConfig.from_dict(TINY)
+    seeds = (seed_result(0, 0.6, registered="models:/s1-embedding/1"), seed_result(1, 0.8))
+    only = final.ConfigurationResult("s1", config, seeds, final.summarize([s.test for s in seeds]) | {"time_per_seed_s_mean": 60.5})
+    result = final.FinalResult("s1", "sqlite:///x.db", "parent1", (only,))
+    with pytest.raises(AttributeError):
+        result.name = "other"  # frozen
+    expected = {"seed": 0, "run_id": "run0", "test": seeds[0].test, "time_s": 60.0, "model_uri": "models:/m-0"}
+    assert only.record()["per_seed"][0] == {**expected, "registered_uri": "models:/s1-embedding/1"}
+    assert only.record()["summary"]["test_recall_at_1_mean"] == pytest.approx(0.7)
+    final.print_summary(result)
+    out = capsys.readouterr().out
+    assert "s1: test metrics over 2 seed(s) (mean +- std)" in out
+    assert "  test_recall_at_1         0.7000 +- 0.1414" in out  # sample std of 0.6 and 0.8: 0.2 / sqrt(2)
+    assert "  time per seed            60 s" in out and "parent run: parent1" in out  # 60.5 rounds half to even
+    assert "  model: models:/m-1  (run run1)" in out and "registered as: models:/s1-embedding/1: the first seed's model, seed 0" in out
+    assert "-m models:/s1-embedding/1 " in out  # the registered version is what the serve command serves
+
+    other = final.ConfigurationResult("b", config, (seed_result(0, 0.4), seed_result(1, 0.5)), only.summary)
+    final.print_summary(final.FinalResult("g", "sqlite:///x.db", "parent2", (only, other)))
+    grid = capsys.readouterr().out
+    assert "g: test metrics over 2 seed(s), mean +- std" in grid
+    assert [line.split()[0] for line in grid.splitlines() if line.startswith("  s1 ") or line.startswith("  b ")] == ["s1", "b"]
