@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,16 @@ def recorded_params(**values) -> dict[str, str]:
         else:
             params[key] = str(value)
     return params
+
+
+def wait_for(predicate, timeout: float, what: str, process=None) -> None:
+    """Poll ``predicate()`` until it holds (an event, with a generous limit, never a timing): fails after ``timeout``
+    seconds, or as soon as ``process`` (a Popen, when given) has exited, with its error output."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process is not None and process.poll() is not None:
+            error = process.stderr.read() if process.stderr else ""
+            raise AssertionError(f"the process exited ({process.returncode}) before {what}: {error}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)

@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -24,7 +23,7 @@ import yaml
 from PIL import Image
 
 from study import final
-from tests.conftest import ROOT, omniglot_root
+from tests.conftest import ROOT, omniglot_root, wait_for
 
 TINY = {
     "dataset": "synthetic",
@@ -412,7 +411,7 @@ def test_a_stopped_final_leaves_no_run_running(tmp_path, signum):
     argv = [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", uri, "--seeds", "1"]
     driver = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: logged_epochs(tmp_path / "mlflow.db") > 0, driver, limit_s=600)
+        wait_for(lambda: logged_epochs(tmp_path / "mlflow.db") > 0, 600, "study.final's first epoch", process=driver)
         driver.send_signal(signum)
         err = driver.communicate(timeout=600)[1]
     finally:
@@ -425,15 +424,6 @@ def test_a_stopped_final_leaves_no_run_running(tmp_path, signum):
     seeds = [r for r in found if "mlflow.parentRunId" in r.data.tags]
     assert [r.info.status for r in parents + seeds] == ["KILLED", "KILLED"]
     assert seeds[0].data.tags["failure_reason"] == f"stopped by {name}"
-
-
-def wait_for(ready, process: subprocess.Popen, limit_s: float) -> None:
-    """Poll ``ready()`` until it holds; fails if ``process`` exits first or ``limit_s`` passes (a generous bound, not a timing)."""
-    deadline = time.monotonic() + limit_s
-    while not ready():
-        assert process.poll() is None, f"study.final exited early ({process.returncode}): {process.stderr.read()}"
-        assert time.monotonic() < deadline, f"no first epoch within {limit_s} s"
-        time.sleep(0.5)
 
 
 def logged_epochs(db: Path) -> int:

@@ -16,9 +16,9 @@ import pytest
 
 from study import launch
 from study.interrupts import StopSignals, StudyInterrupted, exit_code
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
-from tests.test_resume import start_driver, wait_for
+from tests.test_resume import start_driver
 
 
 def test_first_signal_while_fitting_asks_ray_tune_to_stop_gracefully():

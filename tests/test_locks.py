@@ -13,8 +13,7 @@ import pytest
 
 from study import launch, locks
 from study.search import open_storage
-from tests.conftest import ROOT
-from tests.test_resume import wait_for
+from tests.conftest import ROOT, wait_for
 
 
 def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):

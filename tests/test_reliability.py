@@ -28,8 +28,7 @@ import yaml
 
 from study import final, launch
 from study.search import open_storage
-from tests.conftest import ROOT, write_malicious_pickle
-from tests.test_resume import wait_for
+from tests.conftest import ROOT, wait_for, write_malicious_pickle
 
 SMOKE = ROOT / "search_spaces" / "smoke.yaml"
 

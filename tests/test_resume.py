@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
@@ -15,19 +14,10 @@ import pytest
 
 from study import tracking
 from study.trial import CONFIRMS_KEY
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 
 pytestmark = pytest.mark.slow
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def epochs_logged(runs: Path, name: str, kind: str = "trial") -> list[int]:
