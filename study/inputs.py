@@ -25,6 +25,9 @@ class UsageError(ValueError):
 _URL_PASSWORD = re.compile(r"(?P<scheme_user>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):(?:[^\s@]*@)+")
 
 
+REDACTED = ":***@"  # what a password in a URL becomes
+
+
 def redacted(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``: ``postgresql://user:***@host/db``.
 

@@ -36,7 +36,7 @@ import mlflow
 import optuna
 
 from study import checks, console, inputs, interrupts, locks, names, parent, records, tracking, tunestate
-from study.inputs import UsageError
+from study.inputs import REDACTED, UsageError, redacted
 from study.interrupts import StopSignals, env_set
 from study.journal import journal_file, open_storage
 from study.record import METRICS, SAMPLERS, StudyRecord
@@ -215,6 +215,14 @@ def resumed_args(args: argparse.Namespace, record: StudyRecord) -> argparse.Name
     values = record.flags()
     for flag, value in values.items():
         given = getattr(args, flag)
+        if REDACTED in str(value):  # recorded without its password: the command line gives the store again
+            if flag not in args.given:
+                raise UsageError(
+                    f"--{flag.replace('_', '-')}: study {args.study_name} recorded {value} without its password; give it again"
+                )
+            values[flag] = given
+            value = redacted(value)
+            given = redacted(given)
         if flag in args.given and same_setting(flag, given) != value:
             raise UsageError(
                 f"--{flag.replace('_', '-')} {given}: study {args.study_name} runs with {value}; "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from study.inputs import UsageError
+from study.inputs import UsageError, redacted
 
 # the objective metrics a study can optimize, each with its mode (declared once)
 METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
@@ -101,7 +101,8 @@ class StudyRecord:
             value = getattr(self, f.name)
             if f.name == "data_root" and value is None:
                 continue  # a study without a data root records none (the trainables' default applies)
-            params[f.name] = " ".join(map(str, value)) if isinstance(value, tuple) else "none" if value is None else str(value)
+            text = " ".join(map(str, value)) if isinstance(value, tuple) else "none" if value is None else str(value)
+            params[f.name] = redacted(text)  # a store's URL may carry a password: never recorded
         return {**params, **{f"{FIXED_PREFIX}{k}": str(v) for k, v in self.fixed.items()}}
 
     @classmethod
@@ -126,7 +127,8 @@ class StudyRecord:
 
     def flags(self) -> dict[str, Any]:
         """The study-defining flags (``dest: value``) that ``--resume`` continues with; a grid records no sampler,
-        and a study whose space did not fix its dataset records no ``--dataset``."""
+        a study whose space did not fix its dataset records no ``--dataset``, and a store recorded without its
+        password (``user:***@``) is given again (``--resume`` compares it, redacted, and needs it)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("flag")}
         if values["sampler"] == "grid":
             del values["sampler"]

@@ -172,7 +172,10 @@ def epochs_from_mlflow(
     """
     kinds = set(kinds)
     # filtered by parent only: the kinds are checked here (OR in filter strings is not supported by every MLflow store)
-    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
+    from study.tracking import all_pages, run_filter
+
+    query = {"experiment_ids": [experiment_id], "filter_string": run_filter({"tags.mlflow.parentRunId": parent_run_id})}
+    runs = all_pages(client.search_runs, **query)
     out: dict[str, list[dict[str, float]]] = {}
     for run in runs:
         if run.data.tags.get("kind") not in kinds:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from mlflow.store.entities import PagedList
 
 from study import utilization as u
 
@@ -75,15 +76,16 @@ class FakeMlflow:
     def __init__(self, runs: dict[str, tuple[str, dict[str, list[tuple[int, float]]]]]) -> None:
         self.runs = runs  # run id -> (kind, metric key -> [(step, value)])
 
-    def search_runs(self, experiment_ids, filter_string="", max_results=1000):
+    def search_runs(self, experiment_ids, filter_string="", max_results=1000, page_token=None):
         assert "tags.mlflow.parentRunId = 'parent'" in filter_string
-        return [
+        runs = [
             SimpleNamespace(
                 info=SimpleNamespace(run_id=run_id),
                 data=SimpleNamespace(tags={"kind": kind}, metrics={k: points[-1][1] for k, points in history.items()}),
             )
             for run_id, (kind, history) in self.runs.items()
         ]
+        return PagedList(runs, None)  # one page: MLflow's reply type, whose token says there is no next page
 
     def get_metric_history(self, run_id, key):
         # logged at time 1000 s + step (milliseconds in MLflow)
