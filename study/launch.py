@@ -194,7 +194,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.resume and not args.study_name:
         parser.error("--resume needs --study-name NAME (the study to continue)")
     args.given = given_flags(parser, argv)
-    names.check_names({"--study-name": args.study_name, "--experiment": args.experiment})  # UsageError: one line, exit 2
+    try:
+        names.check_names({"--study-name": args.study_name, "--experiment": args.experiment})
+    except UsageError as error:  # one line and exit 2, as every bad flag (parser.error would add the usage line)
+        raise SystemExit(inputs.print_error(error)) from None
     return args
 
 

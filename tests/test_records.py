@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
+from mlflow.store.entities import PagedList
 from optuna.trial import TrialState
 
 from study import parent, records
@@ -72,10 +73,10 @@ class FakeMlflow:
         self._call("get_run")
         return self.runs[run_id]
 
-    def search_runs(self, experiment_ids, filter_string="", max_results=1000):
+    def search_runs(self, experiment_ids, filter_string="", max_results=1000, page_token=None):
         self._call("search_runs")
         wanted = dict(re.findall(r"tags\.([\w.]+) = '([^']*)'", filter_string))
-        return [r for r in self.runs.values() if all(r.data.tags.get(k) == v for k, v in wanted.items())]
+        return PagedList([r for r in self.runs.values() if all(r.data.tags.get(k) == v for k, v in wanted.items())], None)
 
     def get_metric_history(self, run_id, key):
         self._call("get_metric_history")
