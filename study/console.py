@@ -124,11 +124,18 @@ def python_command(module: str) -> str:
     return f"{env_tool('python')} -m {module}"
 
 
-def ui_command(uri: str) -> str:
-    """How to open the MLflow UI on ``uri`` with this environment's mlflow."""
+# MLflow 3.17's UI opens an experiment in its GenAI views whatever the experiment's tags say (a toggle kept in the
+# browser decides); this parameter of the page's address opens its runs table instead
+RUNS_PAGE = "#/experiments/{}/runs?workflowType=machine_learning"
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """How to open the MLflow UI on ``uri`` with this environment's mlflow, at the runs of ``experiment_id`` when given."""
+    page = RUNS_PAGE.format(experiment_id) if experiment_id else ""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri} in a browser"
-    return f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
+        return f"open {uri.rstrip('/')}/{page} in a browser"
+    command = f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
+    return f"{command}, then open http://127.0.0.1:5000/{page}" if page else command
 
 
 def print_selection(selection: Selection, metric: str) -> None:
@@ -183,7 +190,7 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
             f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
             f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
         )
-    print(f"open the MLflow UI:  {ui_command(outcome.uri)}")
+    print(f"open the MLflow UI:  {ui_command(outcome.uri, outcome.experiment_id)}")
     log = log_path(study_name)
     if log.is_file():
         print(f"warnings and library logs: {log}")

@@ -47,6 +47,7 @@ class StudySummary:
     uri: str = ""
     experiment: str = ""
     parent_run_id: str = ""
+    experiment_id: str = ""  # the MLflow UI's page of the study's runs names it
     final_epochs: int | None = None  # what study.final --study trains the pick to
 
 
@@ -112,6 +113,7 @@ def finish_study(
         study_name=recorder.study_name,
         uri=recorder.tracking_uri,
         parent_run_id=recorder.parent_run_id,
+        experiment_id=recorder.experiment_id,
         **named,
     )
     try:

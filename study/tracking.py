@@ -46,8 +46,9 @@ def configure_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-# Without it MLflow's UI opens an experiment in its GenAI views (traces, evaluation runs); this value opens
-# the model-training ones (runs, charts, models).
+# The experiment's kind for MLflow's own readers. MLflow 3.17's UI does not open on it (a toggle kept in the browser
+# decides between its GenAI and model-training views): the commands print the runs page's address with
+# workflowType=machine_learning instead (console.ui_command).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 

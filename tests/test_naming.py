@@ -237,3 +237,13 @@ def test_a_full_disk_under_the_log_file_is_said_once_not_as_a_traceback_per_reco
     assert "Logging error" not in err and "Traceback" not in err
     lines = [line for line in err.splitlines() if "s.log" in line]
     assert len(lines) == 1 and "No space left on device" in lines[0], err
+
+
+def test_the_ui_command_opens_the_runs_table_not_the_genai_views():
+    """MLflow 3.17's UI ignores the experiment's kind tag; the address's workflowType parameter opens the runs."""
+    local = console.ui_command("sqlite:///x/mlflow.db", "7")
+    assert local.endswith(
+        "ui --backend-store-uri sqlite:///x/mlflow.db, then open http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
+    )
+    server = console.ui_command("http://10.0.0.1:5000/", "12")
+    assert server == "open http://10.0.0.1:5000/#/experiments/12/runs?workflowType=machine_learning in a browser"
