@@ -28,7 +28,7 @@ from study import tracking
 from study.recorder import TrialRecorder, run_name, training_runs
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
-from study.utilization import Utilization
+from study.utilization import Utilization, study_utilization
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,9 @@ def describe_optuna_study(study: optuna.Study, parent_run_id: str, space: str, m
 def with_utilization(summary: StudySummary, recorder: TrialRecorder, wall_s: float, slots: int, startup_s: float, since: float):
     """The summary with the study's utilization (also among the parent run's metrics), from the epochs the driver's
     recorder wrote to MLflow since ``since`` (seconds since the epoch): what it holds, no MLflow read per run."""
-    from study import utilization
-
     after = since * 1000
     epochs = {trial: [times for time_ms, times in done if time_ms >= after] for trial, done in recorder.applied_epochs.items()}
-    usage = utilization.study_utilization({trial: e for trial, e in epochs.items() if e}, wall_s, slots, startup_s)
+    usage = study_utilization({trial: e for trial, e in epochs.items() if e}, wall_s, slots, startup_s)
     return dataclasses.replace(summary, utilization=usage, metrics={**summary.metrics, **usage.as_metrics()})
 
 

@@ -114,7 +114,8 @@ class KeepTuneState:
             return
         self.last_try = time.monotonic()
         files = state_files(Path(self.experiment_dir))
-        stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists())
+        stats = [(p.name, p.stat()) for p in files if p.exists()]
+        stamp = tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
         if stamp == self.seen:
             return
         try:

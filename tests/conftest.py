@@ -94,9 +94,10 @@ def recorded_params(**values) -> dict[str, str]:
     return params
 
 
-def wait_for(predicate, timeout: float, what: str, process=None) -> None:
-    """Poll ``predicate()`` until it holds (an event, with a generous limit, never a timing): fails after ``timeout``
-    seconds, or as soon as ``process`` (a Popen, when given) has exited, with its error output."""
+def wait_for(predicate, timeout: float, what: str, process=None, every_s: float = 0.5) -> None:
+    """Poll ``predicate()`` every ``every_s`` until it holds (an event, with a generous limit, never a timing): fails
+    after ``timeout`` seconds, or as soon as ``process`` (a Popen, when given) has exited, with its error output. The
+    suite's one polling loop: the test processes and the scripts they run on the test's hosts use it."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if process is not None and process.poll() is not None:
@@ -104,4 +105,4 @@ def wait_for(predicate, timeout: float, what: str, process=None) -> None:
             raise AssertionError(f"the process exited ({process.returncode}) before {what}: {error}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+        time.sleep(every_s)

@@ -25,9 +25,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.conftest import wait_for
 
 SUBNET = "10.28.0"  # a /24 that exists only on the bridge of these namespaces
 PREFIX = "dmlh"
@@ -188,16 +189,9 @@ class Hosts:
         log.close()
 
     def wait_for_sshd(self, host: Host, timeout: float = 30) -> None:
-        """Until sshd logs that it listens (or exits)."""
-        deadline = time.monotonic() + timeout
+        """Until sshd logs that it listens (fails if it exits first)."""
         log = host.root / "sshd.log"
-        while time.monotonic() < deadline:
-            if "Server listening on" in log.read_text():
-                return
-            if host.process.poll() is not None:
-                raise RuntimeError(f"sshd of {host.name} exited {host.process.returncode}: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
-        raise TimeoutError(f"sshd of {host.name} did not listen within {timeout} s: {log.read_text()[-2000:]}")
+        wait_for(lambda: "Server listening on" in log.read_text(), timeout, f"sshd of {host.name} to listen", host.process, every_s=0.05)
 
     # -- using ----------------------------------------------------------------------------------------------------
 

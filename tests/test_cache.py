@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from PIL import Image
 from torchvision.transforms import RandomResizedCrop, v2
 
 from bench.photo_data import make_sop
+from tests.conftest import wait_for
 from trainables.core import cache, data
 from trainables.core.data import DatasetError, load_dataset, source_size
 from trainables.core.transforms import CachedImages, TorchImages, center_crop_boxes, crop_resize, eval_transform, random_crop_boxes
@@ -66,13 +66,15 @@ def cache_files(root: Path, suffix: str) -> list[Path]:
 # a second process: attach the cache of the SOP set under argv[1] at SIZE, appending each decode to argv[2]
 OTHER_PROCESS = textwrap.dedent(
     """
-    import sys, time
+    import sys, threading
     from trainables.core import cache, data
-    real = data.decode_sized
+    real, decoded = data.decode_sized, []
     def counting(source, where, mode, size=None):
         with open(sys.argv[2], "a") as log:
             log.write(where + "\\n")
-        time.sleep(float(sys.argv[3]))
+        decoded.append(where)
+        if len(decoded) == int(sys.argv[3]):  # midway (0: never): held here until the test kills it
+            threading.Event().wait()
         return real(source, where, mode, size)
     data.decode_sized = counting
     splits = data.load_dataset("sop", sys.argv[1])
@@ -82,10 +84,10 @@ OTHER_PROCESS = textwrap.dedent(
 )
 
 
-def other_process(root: Path, log: Path, delay: float = 0.0) -> subprocess.Popen:
+def other_process(root: Path, log: Path, stop_after: int = 0) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(cache.CACHE_DIR_ENV, None)
-    command = [sys.executable, "-c", OTHER_PROCESS, str(root), str(log), str(delay), str(SIZE)]
+    command = [sys.executable, "-c", OTHER_PROCESS, str(root), str(log), str(stop_after), str(SIZE)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -130,7 +132,7 @@ def test_another_process_reads_the_cache_without_decoding(sop, decodes, tmp_path
 
 def test_concurrent_processes_build_once(sop, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "decodes.txt"
-    processes = [other_process(sop, log, delay=0.01) for _ in range(3)]
+    processes = [other_process(sop, log) for _ in range(3)]
     results = [p.communicate(timeout=300) for p in processes]
     assert all(p.returncode == 0 for p in processes), [err for _, err in results]
     paths = every_path(load_dataset("sop", sop))
@@ -164,10 +166,8 @@ def test_a_torn_cache_is_rebuilt_never_read(sop, decodes, caplog, tear):
 
 def test_a_build_killed_midway_leaves_no_readable_cache_and_is_rebuilt(sop, decodes, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "decodes.txt"
-    process = other_process(sop, log, delay=0.2)
-    deadline = time.monotonic() + 120
-    while len(lines(log)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    process = other_process(sop, log, stop_after=3)
+    wait_for(lambda: len(lines(log)) >= 3, 120, "the builder's third decode", process)
     process.send_signal(signal.SIGKILL)
     process.communicate()
     assert cache_files(sop, ".json") == [] and cache_files(sop, ".pixels") == []  # only the temporary file

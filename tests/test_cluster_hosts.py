@@ -52,6 +52,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import wait_for
 from tests.hosts import Host, Hosts, missing_tools
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,11 +74,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(MISSING), reason=f"separ
 # time is up. ``want``: {"alive": [ip, ...]} (exactly these alive), {"dead": [ip, after_ms]} (a node of ip declared
 # dead after that time), or {} (at once). The GCS client needs no Ray node of its own, unlike a driver.
 NODES = """
-import json, sys, time
+import json, sys
 from ray._raylet import GcsClient
 from ray.core.generated.gcs_pb2 import GcsNodeInfo
-address, want, timeout = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
-client, deadline = GcsClient(address=address), time.monotonic() + timeout
+address, want, timeout, root = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, root)
+from tests.conftest import wait_for
+client = GcsClient(address=address)
 
 def holds(nodes):
     alive = sorted(n["ip"] for n in nodes if n["state"] == "ALIVE")
@@ -88,15 +91,18 @@ def holds(nodes):
         return any(n["ip"] == ip and n["state"] == "DEAD" and n["end_ms"] > after for n in nodes)
     return True
 
-while True:
-    nodes = [
+def query():
+    return [
         {"ip": n.node_manager_address, "state": GcsNodeInfo.GcsNodeState.Name(n.state), "head": n.is_head_node,
          "resources": dict(n.resources_total), "end_ms": n.end_time_ms, "death": n.death_info.reason_message}
         for n in client.get_all_node_info(timeout=10).values()
     ]
-    if holds(nodes) or time.monotonic() > deadline:
-        break
-    time.sleep(0.5)
+
+try:
+    wait_for(lambda: holds(query()), timeout, "the nodes", every_s=0.5)
+except AssertionError:
+    pass  # the time is up: the caller reads the nodes as they are
+nodes = query()
 print(json.dumps(nodes))
 """
 
@@ -128,7 +134,7 @@ class Cluster:
         return self.ray("exec", str(self.config), command, timeout=timeout)
 
     def nodes(self, want: dict | None = None, timeout: float = 0) -> list[dict]:
-        code = [str(VENV / "bin" / "python"), "-c", NODES, f"{self.head.ip}:6379", json.dumps(want or {}), str(timeout)]
+        code = [str(VENV / "bin" / "python"), "-c", NODES, f"{self.head.ip}:6379", json.dumps(want or {}), str(timeout), str(ROOT)]
         return json.loads(self.hosts.in_netns(self.head, code, timeout=timeout + 60).stdout)
 
     def alive(self, nodes: list[dict]) -> list[str]:
@@ -368,8 +374,11 @@ def study_with_a_fault(c: Cluster, study: str, storage: str, fault, repair) -> F
         t = time.monotonic()
         future = pool.submit(c.exec, command, 400)
         try:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not future.done():
+
+            def step() -> bool:
+                """One look at the trials' epochs: strike a worker once a trial reached epoch 2 on it, repair it once a
+                trial of it reports from the other worker; True when the study is over."""
+                nonlocal victim, struck_at, seen, repaired_at
                 rows = epochs_now(c, study)
                 if victim is None and any(epoch >= 2 for _, _, epoch in rows):
                     ip = next(ip for _, ip, epoch in rows if epoch >= 2)
@@ -381,7 +390,9 @@ def study_with_a_fault(c: Cluster, study: str, storage: str, fault, repair) -> F
                     if any(seen.get(run, (None,))[0] == victim.ip and ip != victim.ip for run, ip, _ in rows):
                         repair(victim)  # mid-study: the trial reports from the other worker
                         repaired_at = time.time()
-                time.sleep(0.5)
+                return future.done()
+
+            wait_for(step, 300, "the study with a fault to end")
         finally:
             if victim is not None and repaired_at is None:
                 repair(victim)
