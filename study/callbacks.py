@@ -3,8 +3,8 @@
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
 (step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
-``study.trial.trial_outcome``) and a final status (FINISHED, or FAILED with
-the reason). How the records reach MLflow, and wait while it is away, is
+``study.trial.trial_outcome``), the config keys it trained with (tag ``active_params``: every key is a param) and a
+final status (FINISHED, or FAILED with the reason). How the records reach MLflow, and wait while it is away, is
 ``study.recorder.TrialRecorder``.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from ray.tune import Callback
 
 from study.recorder import TrialRecorder
+from study.records import active_tag
 from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 from study.tunestate import KeepTuneState
@@ -101,7 +102,7 @@ class MlflowTrials(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = trial_outcome(trial.last_result, error=False, metric=self.metric, max_epochs=self.max_epochs)
-        tags = {"stopped_by_asha": str(state == PRUNED).lower(), "trial_state": state}
+        tags = {"stopped_by_asha": str(state == PRUNED).lower(), "trial_state": state, **active_tag(train_part(trial.config))}
         if (
             confirmed_trial(trial.config) is None
         ):  # what the searcher tells Optuna, by the same rule: the end of the study has nothing to add
@@ -110,7 +111,7 @@ class MlflowTrials(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         reason = first_error_line(trial_error_text(trial))
-        tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false"}
+        tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false", **active_tag(train_part(trial.config))}
         if confirmed_trial(trial.config) is None:
             tags["optuna_state"] = FAIL
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})

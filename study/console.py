@@ -190,6 +190,8 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
             f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
             f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
         )
+    shows = "the trials and their curves" if best is None else "top trials, the pick, importances, curves; once retrained, its test results"
+    print(f"the report ({shows}):  {python_command('study.report')} {flags}")
     print(f"open the MLflow UI:  {ui_command(outcome.uri, outcome.experiment_id)}")
     log = log_path(study_name)
     if log.is_file():

@@ -29,6 +29,13 @@ from study.recorder import TrialRecorder, run_name, training_runs
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
 from study.utilization import Utilization, study_utilization
+from trainables.core.config import ConfigError, TrainConfig, applicable_keys
+
+# The tag of a trial's (and a re-run's) MLflow run that lists, comma-separated, the config keys that changed how it trained
+# (trainables.core.config.applicable_keys): every key is a param of the run, an ICE trial's alpha and a softmax trial's
+# ice_scale included, and MLflow cannot take a param back. study.report shows only these.
+ACTIVE_PARAMS_TAG = "active_params"
+NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI (Markdown)
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,77 @@ def describe_optuna_study(study: optuna.Study, parent_run_id: str, space: str, m
             study.set_metric_names([metric])
 
 
+def active_params(config: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The config keys that change how ``config`` (a trial's config, or a run's params as strings) trains, in TrainConfig
+    order; None when its config keys do not make a valid TrainConfig (then no key can be said to be unused). Other keys
+    (a ``variants`` space's ``variant``) are not config keys: neither active nor inactive."""
+    known = set(TrainConfig.keys())
+    try:
+        return applicable_keys(TrainConfig.from_dict({k: v for k, v in (config or {}).items() if k in known}, source="trial config"))
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
+    """``{ACTIVE_PARAMS_TAG: the active keys, comma-separated}`` of a trial's config; {} when it is not a TrainConfig."""
+    active = active_params(config)
+    return {} if active is None else {ACTIVE_PARAMS_TAG: ",".join(active)}
+
+
+def write_tags(client, run, tags: dict[str, str]) -> None:
+    """The ``tags`` that ``run`` does not hold yet, in one call (none when it holds them all: a trial the driver tagged as
+    it ended costs no call at the end of a large study)."""
+    changed = [RunTag(key, value) for key, value in tags.items() if run.data.tags.get(key) != value]
+    if changed:
+        client.log_batch(run.info.run_id, tags=changed)
+
+
+def mark_pick(study: optuna.Study, summary: StudySummary) -> None:
+    """The pick on the Optuna side: the study's user attributes ``picked_trial`` and, with confirmation re-runs,
+    ``picked_confirmation_mean`` (what optuna-dashboard shows beside its own "Best Trial", the best single score).
+
+    On the study, not the trial: Optuna refuses to change a finished trial (``UpdateFinishedTrialError``, from
+    ``Trial.set_user_attr`` and from the storage alike), and the pick is made after every trial has finished.
+    Written only where they differ, so a study synced again writes nothing.
+    """
+    if summary.best is None:
+        return
+    attrs: dict[str, Any] = {"picked_trial": summary.best.number}
+    if summary.selection is not None:
+        attrs["picked_confirmation_mean"] = summary.selection.winner.mean
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+def study_note(summary: StudySummary, metric: str, picked_run: str | None, trials_epochs: str | None) -> str:
+    """The parent run's description (``mlflow.note.content``, Markdown): the pick, its loss, the verdict with the mean
+    and standard error over seeds, what ``study.final --study`` trains, and where the rest is."""
+    name = summary.study_name
+    best, selection = summary.best, summary.selection
+    if best is None:
+        return f"**Study {name}**: no trial completed, so nothing was picked. Its trials: the child runs; `trials.csv`."
+    loss = (best.user_attrs.get("config") or {}).get("loss", TrainConfig().loss)
+    who = f"{picked_run}" if picked_run else f"trial {best.number}"
+    lines = [f"**Study {name}: the pick is {who}** (Optuna trial {best.number}), loss `{loss}`."]
+    if selection is not None:
+        winner = selection.winner
+        sem = f" ± {winner.sem:.4f} (standard error)" if math.isfinite(winner.sem) else ""
+        lines += [
+            f"- {metric}: mean {winner.mean:.4f}{sem} over {len(winner.scores)} seeds ({', '.join(f'{v:.4f}' for v in winner.scores)})",
+            f"- verdict: {selection.verdict()} (`selection.json`)",
+        ]
+    else:
+        lines.append(f"- {metric}: {float(best.value):.4f}, one seed (no confirmation re-runs)")
+    epochs = summary.final_epochs or trials_epochs
+    trained = f" (its trials trained up to {trials_epochs})" if trials_epochs and str(epochs) != str(trials_epochs) else ""
+    lines += [
+        f"- `python -m study.final --study {name}` retrains it for {epochs} epochs{trained} on all training classes, 3 seeds, and tests it",
+        f"- its config: `best_config.yaml`; every trial: `trials.csv`; the report: `python -m study.report --study {name}`",
+    ]
+    return "\n".join(lines)
+
+
 def with_utilization(summary: StudySummary, recorder: TrialRecorder, wall_s: float, slots: int, startup_s: float, since: float):
     """The summary with the study's utilization (also among the parent run's metrics), from the epochs the driver's
     recorder wrote to MLflow since ``since`` (seconds since the epoch): what it holds, no MLflow read per run."""
@@ -162,6 +240,8 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     parent = client.get_run(parent_id)
     describe_optuna_study(study, parent_id, parent.data.tags.get("space", ""), metric)
     children = {r.data.tags.get("trial_id"): r for r in child_runs(client, recorder.experiment_id, parent_id)}
+    best, selection = summary.best, summary.selection
+    picked = children.get(best.user_attrs.get("tune_trial_id")) if best is not None else None
     for t in study.get_trials(deepcopy=False):
         run = children.get(t.user_attrs.get("tune_trial_id"))
         if run is not None:
@@ -169,14 +249,19 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
                 "optuna_trial_number": str(t.number),
                 "optuna_state": t.state.name,
                 "mlflow.runName": run_name("trial", run.data.tags["trial_id"], t.number),
+                **active_tag(run.data.params),  # the driver tags it as the trial ends; a study synced after an update has none
             }
-            changed = [RunTag(key, value) for key, value in tags.items() if run.data.tags.get(key) != value]
-            if changed:  # a trial the driver recorded as it ended has none: no call per trial at the end of a large study
-                client.log_batch(run.info.run_id, tags=changed)
+            if run is picked:
+                tags["picked"] = "true"
+            write_tags(client, run, tags)
+    training = training_runs(client, recorder.experiment_id, parent_id)
+    for run in training:
+        if run.data.tags.get("kind") == "confirmation":
+            write_tags(client, run, active_tag(run.data.params))
     # a trial or re-run still RUNNING was orphaned by a killed driver (it started after Tune's last snapshot)
-    orphans = [run.info.run_id for run in training_runs(client, recorder.experiment_id, parent_id) if run.info.status == "RUNNING"]
+    orphans = [run.info.run_id for run in training if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
-    best, selection = summary.best, summary.selection
+    mark_pick(study, summary)
     with tempfile.TemporaryDirectory() as tmp:
         paths = study_artifacts(study, children, Path(tmp), metric, best)
         if selection is not None:
@@ -191,6 +276,10 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     if best is not None:
         metrics[f"best_{metric}"] = float(best.value)
         client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
+    if picked is not None:
+        client.set_tag(parent_id, "picked_run", picked.info.run_id)
+    picked_name = run_name("trial", picked.data.tags["trial_id"], best.number) if picked is not None else None
+    client.set_tag(parent_id, NOTE_TAG, study_note(summary, metric, picked_name, parent.data.params.get("epochs")))
     for key, value in metrics.items():
         if parent.data.metrics.get(key) != float(value):  # a study synced again: no repeated point
             client.log_metric(parent_id, key, float(value))

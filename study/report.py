@@ -36,14 +36,16 @@ from typing import Any
 import mlflow
 import numpy as np
 
-from study import inputs, names, plots, tracking
+from study import inputs, names, plots, records, tracking
 from study.artifacts import optuna_plot
 from study.record import StudyRecord
 from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
+from trainables.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
+CONFIG_KEYS = frozenset(TrainConfig.keys())
 TABLE_METRICS = (
     ("NMI", "test_nmi"),
     ("R@1", "test_recall_at_1"),
@@ -315,21 +317,39 @@ def study_header(parent, record: StudyRecord) -> list[Block]:
     ]
 
 
+def active_params(run) -> dict[str, str]:
+    """The params of a trial's run that it trained with.
+
+    Every config key is a param of the run, defaults included (an ICE trial's ``alpha``, a softmax trial's
+    ``ice_scale``); its tag ``active_params`` (``study.records``) names the keys that applied, and for a run recorded
+    before that tag they are found from its params as the tag would say. A param that is no config key is always shown.
+    """
+    tag = run.data.tags.get(records.ACTIVE_PARAMS_TAG)
+    active = tag.split(",") if tag is not None else records.active_params(run.data.params)
+    if active is None:
+        return dict(run.data.params)
+    return {k: v for k, v in run.data.params.items() if k in active or k not in CONFIG_KEYS}
+
+
 def top_trials(
     trials: list, histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, mode: str, top: int
 ) -> list[Block]:
-    """The ``top`` complete trials by their last ``metric``, with the params that vary between trials."""
+    """The ``top`` complete trials by their last ``metric``, with the params that vary between trials; a param a trial
+    did not train with (``active_params``) is a blank cell, as in trials.csv."""
     rows = [
         (list(histories[key].values())[-1], key, r) for r in trials if states.get(key := _trial_key(r)) == "COMPLETE" and histories.get(key)
     ]
     rows.sort(key=lambda row: row[0], reverse=(mode == "max"))
-    keys = set().union(*(r.data.params for r in trials)) if trials else set()
-    varying = sorted(k for k in keys if k != "seed" and len({r.data.params.get(k) for r in trials}) > 1)
+    params = {r.info.run_id: active_params(r) for r in trials}
+    keys = set().union(*params.values()) if trials else set()
+    varying = sorted(k for k in keys if k != "seed" and len({p.get(k) for p in params.values()}) > 1)
     cells = tuple(
-        (key, f"{value:.4f}", f"{len(histories[key])}", *(_fmt(r.data.params.get(k, "")) for k in varying)) for value, key, r in rows[:top]
+        (key, f"{value:.4f}", f"{len(histories[key])}", *(_fmt(params[r.info.run_id].get(k, "")) for k in varying))
+        for value, key, r in rows[:top]
     )
     table = Table(("trial", metric, "epochs", *varying), cells)
-    return [Heading(2, f"Top trials by {metric}"), table, *([] if rows else [Paragraph("(no complete trial)")])]
+    blank = Paragraph("A blank cell: a parameter the trial did not train with (the other loss's, or one its schedule leaves unused).")
+    return [Heading(2, f"Top trials by {metric}"), table, *([blank] if rows else [Paragraph("(no complete trial)")])]
 
 
 def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[Block]:
@@ -479,7 +499,7 @@ def parallel_coordinates(
             key = _trial_key(r)
             if _trial_state(r) != "COMPLETE" or not histories.get(key):
                 continue
-            rows.append({k: _param_value(v) for k, v in r.data.params.items() if v not in ("None", "")})
+            rows.append({k: _param_value(v) for k, v in active_params(r).items() if v not in ("None", "")})
             values.append(list(histories[key].values())[-1])
     varying = {name for name in {n for row in rows for n in row} if len({str(row.get(name)) for row in rows}) > 1}
     rows = [{k: v for k, v in row.items() if k in varying} for row in rows]

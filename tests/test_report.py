@@ -418,3 +418,31 @@ def test_every_search_reads_every_page():
     assert 12 <= client.calls <= 13  # pages of 1,000
     assert [r.info.run_id for r in report._final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
     assert report.find_parent(client, "big", None) is parent  # in any of 1,500 experiments
+
+
+# -- parameters a trial did not train with (issue 32) ------------------------------------------------------------------
+
+
+def trial_run(name: str, params: dict, **tags):
+    return SimpleNamespace(info=SimpleNamespace(run_id=name, run_name=name), data=SimpleNamespace(params=params, tags=tags))
+
+
+def test_the_top_trials_leave_a_param_the_trial_did_not_train_with_blank():
+    """Every config key is a param of a trial's run; the table shows only those its ``active_params`` tag names, and for
+    a run recorded before the tag, those that apply to its loss and schedules: an ICE trial's alpha and heating and a
+    softmax trial's ice_scale are blank, as in trials.csv. A param that is no config key (a variant's name) is shown."""
+    defaults = {"alpha": "16.0", "heating": "two_stage", "heating_target": "4.0", "ice_scale": "64.0", "lr_schedule": "step"}
+    tag = "loss,ice_scale,lr,lr_schedule"
+    ice = trial_run("ice", {**defaults, "loss": "ice", "ice_scale": "32.0", "lr": "0.01", "variant": "a"}, active_params=tag)
+    softmax = trial_run("sm", {**defaults, "loss": "softmax", "alpha": "8.0", "lr": "0.02", "variant": "b"})  # no tag: from its params
+    plain = trial_run("plain", {**defaults, "loss": "softmax", "heating": "none", "lr": "0.03", "variant": "c"})  # heating none: no target
+    histories = {"ice": {1: 0.9}, "sm": {1: 0.8}, "plain": {1: 0.7}}
+    states = dict.fromkeys(histories, "COMPLETE")
+    text = markdown(report.top_trials([ice, softmax, plain], histories, states, "val_recall_at_1", "max", 10))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    table = [dict(zip(rows[0], row)) for row in rows[1:]]
+    assert rows[0] == ["trial", "val_recall_at_1", "epochs", "alpha", "heating", "heating_target", "ice_scale", "loss", "lr", "variant"]
+    assert table[0] == {**table[0], "alpha": "", "heating": "", "heating_target": "", "ice_scale": "32", "variant": "a"}
+    assert table[1] == {**table[1], "alpha": "8", "heating": "two_stage", "heating_target": "4", "ice_scale": "", "variant": "b"}
+    assert table[2] == {**table[2], "alpha": "16", "heating": "none", "heating_target": "", "ice_scale": "", "variant": "c"}
+    assert "A blank cell: a parameter the trial did not train with" in text

@@ -1,0 +1,124 @@
+"""One winner everywhere (issue 32): after a real study (a rehearsal), the pick is the same trial in Optuna, on the
+MLflow parent run (tag, description), on the picked trial's run and in best_config.yaml; every training run names the
+params it trained with; the study's closing lines name the report command."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+
+import pytest
+import yaml
+
+from study import console, launch, report
+from study.records import StudySummary
+from tests.test_launch import study_records, use_runs
+
+pytestmark = pytest.mark.slow
+
+STUDY = "winner"
+METRIC = "val_recall_at_1"
+# the keys of the other loss (trainables.core.config.LOSS_KEYS, written out here): never active in a trial of that loss
+SOFTMAX_ONLY = {"alpha", "learn_alpha", "heating", "heating_target", "heating_start", "weight_norm", "mean_proxy_weight"}
+# unused by every trial of the smoke space: adam (no momentum), the fc embedding (no dropout)
+UNUSED_BY_SMOKE = {"momentum", "dropout"}
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory, store_template):
+    """A smoke rehearsal of 4 trials of 4 epochs (the top 3 re-run with one extra seed): its runs folder and its terminal output."""
+    runs = tmp_path_factory.mktemp("winner") / "runs"
+    runs.mkdir()
+    shutil.copyfile(store_template, runs / "mlflow.db")
+    restore = use_runs(runs)
+    out = io.StringIO()
+    argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--epochs", "4", "--study-name", STUDY]
+    try:
+        with contextlib.redirect_stdout(out):
+            assert launch.main(argv) == 0
+    finally:
+        restore()
+    return runs, out.getvalue()
+
+
+def last(client, run) -> float:
+    return max(client.get_metric_history(run.info.run_id, METRIC), key=lambda m: m.step).value
+
+
+def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(rehearsed):
+    runs, _ = rehearsed
+    client, parent, children, study = study_records(runs, STUDY)
+    parent = parent[0]
+    experiment = parent.info.experiment_id
+    # by hand: each re-run trial's scores are its own last score and its re-run's; the pick is the best mean
+    reruns = client.search_runs([experiment], f"tags.study_name = '{STUDY}' and tags.kind = 'confirmation'")
+    by_number = {int(r.data.tags["optuna_trial_number"]): r for r in children}
+    confirms = {int(r.data.tags["confirms_optuna_trial"]): r for r in reruns}
+    scores = {n: [last(client, by_number[n]), last(client, r)] for n, r in confirms.items()}
+    assert len(scores) == 3 and all(len(s) == 2 for s in scores.values())
+    pick = max(scores, key=lambda n: sum(scores[n]) / 2)
+    mean, sem = sum(scores[pick]) / 2, abs(scores[pick][0] - scores[pick][1]) / 2  # the standard error of two: |a - b| / 2
+    picked_run = by_number[pick]
+
+    assert study.user_attrs["picked_trial"] == pick
+    assert study.user_attrs["picked_confirmation_mean"] == pytest.approx(mean)
+    assert parent.data.tags["picked_run"] == picked_run.info.run_id
+    assert [r.info.run_id for r in children if r.data.tags.get("picked") == "true"] == [picked_run.info.run_id]
+    best = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(runs.parent))))
+    assert best["loss"] == picked_run.data.params["loss"] and str(best["lr"]) == picked_run.data.params["lr"]
+
+    note = parent.data.tags["mlflow.note.content"]  # the run's description in MLflow's UI
+    assert f"the pick is {picked_run.info.run_name}** (Optuna trial {pick}), loss `{best['loss']}`" in note
+    assert f"mean {mean:.4f} ± {sem:.4f} (standard error) over 2 seeds" in note
+    assert f"verdict: {parent.data.tags['best_pick']}" in note
+    assert f"`python -m study.final --study {STUDY}` retrains it for 4 epochs" in note  # smoke: final_budget_factor 1
+    assert f"`python -m study.report --study {STUDY}`" in note
+
+
+def test_every_training_run_names_the_params_it_trained_with(rehearsed):
+    runs, _ = rehearsed
+    client, parent, children, _ = study_records(runs, STUDY)
+    reruns = client.search_runs([parent[0].info.experiment_id], f"tags.study_name = '{STUDY}' and tags.kind = 'confirmation'")
+    for run in [*children, *reruns]:
+        params, active = run.data.params, set(run.data.tags["active_params"].split(","))
+        assert active <= set(params)
+        unused = UNUSED_BY_SMOKE | ({"ice_scale"} if params["loss"] == "softmax" else SOFTMAX_ONLY)
+        assert active == set(params) - unused, run.info.run_name
+
+
+def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_blank(rehearsed, tmp_path):
+    runs, _ = rehearsed
+    client, _, children, _ = study_records(runs, STUDY)
+    out = tmp_path / "report"
+    assert report.main(["--study", STUDY, "--tracking-uri", f"sqlite:///{runs / 'mlflow.db'}", "--out", str(out), "--no-log"]) == 0
+    section = (out / "report.md").read_text().split(f"## Top trials by {METRIC}\n")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    by_name = {r.info.run_name: r for r in children}
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
+    assert rows and "ice_scale" in header
+    for row in rows:
+        run = by_name[row[0]]
+        active = run.data.tags["active_params"].split(",")
+        for name, cell in zip(header[3:], row[3:]):
+            assert (cell == "") == (name not in active), (row[0], name, cell)
+
+
+def test_the_closing_lines_name_the_report_command_beside_the_final_one(rehearsed):
+    _, out = rehearsed
+    flags = f"--study {STUDY} --experiment dml-studies"
+    lines = out.splitlines()
+    final = next(i for i, line in enumerate(lines) if line.endswith(f"{console.python_command('study.final')} {flags}"))
+    reported = next(i for i, line in enumerate(lines) if line.endswith(f"{console.python_command('study.report')} {flags}"))
+    ui = next(i for i, line in enumerate(lines) if line.startswith("open the MLflow UI:"))
+    assert final < reported < ui
+
+
+def test_a_study_with_nothing_to_retrain_still_names_its_report(runs, capsys):
+    metrics = {"wall_time_s": 5.0, "n_trials": 2, "n_complete": 0, "n_pruned": 0, "n_failed": 2, "epochs_spent": 0.0}
+    named = {"study_name": "s", "uri": "http://10.0.0.1:5000", "experiment": "e"}
+    console.print_study_summary(StudySummary(metrics, None, None, **named), METRIC)
+    out = capsys.readouterr().out
+    assert "nothing to retrain" in out and "study.final" not in out
+    assert f"{console.python_command('study.report')} --study s --experiment e --tracking-uri http://10.0.0.1:5000\n" in out
