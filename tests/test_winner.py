@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
 
 from study import console, launch, report
 from study.records import StudySummary
+from tests.conftest import wait_for
 from tests.test_launch import study_records, use_runs
 
 pytestmark = pytest.mark.slow
@@ -74,6 +81,39 @@ def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(re
     assert f"verdict: {parent.data.tags['best_pick']}" in note
     assert f"`python -m study.final --study {STUDY}` retrains it for 4 epochs" in note  # smoke: final_budget_factor 1
     assert f"`python -m study.report --study {STUDY}`" in note
+
+
+def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
+    """README's command, ``optuna-dashboard runs/optuna/journal.log``, with the tool the README's install puts in the
+    environment (the dev extra): its study page's user attributes name the picked trial and its mean over seeds."""
+    runs, _ = rehearsed
+    _, _, _, study = study_records(runs, STUDY)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    tool = Path(sys.executable).parent / "optuna-dashboard"
+    argv = [str(tool), str(runs / "optuna" / "journal.log"), "--host", "127.0.0.1", "--port", str(port), "--server", "wsgiref"]
+    dashboard = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(answers, 60, "optuna-dashboard to answer", process=dashboard)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30) as page:
+            listed = json.load(page)["study_summaries"]
+        study_id = next(s["study_id"] for s in listed if s["study_name"] == STUDY)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}?after=0", timeout=30) as page:
+            shown = {attr["key"]: attr["value"] for attr in json.load(page)["user_attrs"]}
+    finally:
+        dashboard.terminate()
+        dashboard.wait(30)
+    assert shown["picked_trial"] == str(study.user_attrs["picked_trial"])
+    assert float(shown["picked_confirmation_mean"]) == pytest.approx(study.user_attrs["picked_confirmation_mean"])
 
 
 def test_every_training_run_names_the_params_it_trained_with(rehearsed):
