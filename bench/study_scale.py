@@ -187,6 +187,8 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
     command = [sys.executable, "-m", "study.launch", "--rehearse", f"{args.epoch_seconds:g}", "--ray-cpus", str(slots)]
     command += ["--max-concurrent", str(slots), "--num-samples", str(trials), "--epochs", str(MAX_T), "--space", args.space]
     command += ["--study-name", name]
+    if args.checkpoint_every is not None:
+        command += ["--checkpoint-every", f"{args.checkpoint_every:g}"]
     env = {**os.environ, "DML_RUNS_DIR": str(runs), "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     shown = f"DML_RUNS_DIR={runs} python " + shlex.join(command[1:])
@@ -216,7 +218,12 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
     row["fit_end"] = progress[-1] if progress else None
     row["finished_line_at"] = finished
     log = runs / "logs" / f"{name}.log"
-    row["log_errors"] = errors_in(log.read_text(errors="replace").splitlines() if log.exists() else [])
+    log_lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    row["log_errors"] = errors_in(log_lines)
+    row["checkpoint_every_s"] = args.checkpoint_every  # None: study.launch's default
+    row["checkpoints_left"] = len(list((runs / "ray" / name).glob("*/checkpoint_*")))
+    # Tune's warning when a trial's num_to_keep-th checkpoint since its last snapshot forced another one within 5 s
+    row["forced_snapshot_warnings"] = sum(line.count("snapshotting has been triggered multiple times") for line in log_lines)
     row["driver_errors"] = errors_in([text for _, text in lines])
     row["summary_lines"] = [text for _, text in lines if text.startswith(("study ", "utilization"))]
     row["output_tail"] = [text for _, text in lines[-8:]] if run["returncode"] != 0 else []
@@ -334,6 +341,15 @@ def fmt(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def ckpt_every(row: dict[str, Any]) -> str:
+    """The full stack's --checkpoint-every: every epoch before it existed (rows without the key), 60 by default since."""
+    if row["stack"] != "full":
+        return "-"
+    if "checkpoint_every_s" not in row:
+        return "0 (every epoch)"
+    return fmt(row["checkpoint_every_s"] if row["checkpoint_every_s"] is not None else 60.0, 0)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
         "# A study at scale, rehearsed on one machine (bench/study_scale.py)",
@@ -345,8 +361,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "",
         "| stack | slots | trials | rc | Tune trials | epochs | wall s | fit wall s | minimum s | wall/min | fit/min | driver CPU-s | "
         "CPU-s/trial | CPU-ms/epoch | peak RSS MB | Ray system CPU-s | workers CPU-s | machine busy CPU-s | max spool | "
-        "results/s | start-up s | end s | load before | commit |",
-        "|" + "---|" * 24,
+        "results/s | start-up s | end s | checkpoint every s | forced snapshot warnings | load before | commit |",
+        "|" + "---|" * 26,
     ]
     for r in rows:
         out.append(
@@ -356,7 +372,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{fmt(r['driver_cpu_s'])} | {fmt(r['driver_cpu_s_per_trial'], 2)} | {fmt(r['driver_cpu_ms_per_epoch'], 0)} | "
             f"{fmt(r['driver_peak_rss_mb'], 0)} | {fmt(r['ray_system_cpu_s'])} | {fmt(r['workers_cpu_s'])} | "
             f"{fmt(r['machine_busy_cpu_s'])} | {fmt(r.get('max_spool_lines'))} | {fmt(r['results_per_s'], 2)} | "
-            f"{fmt(r['startup_s'])} | {fmt(r['end_s'])} | {fmt(r['loadavg_before'][0], 2)} | {r['commit']} |"
+            f"{fmt(r['startup_s'])} | {fmt(r['end_s'])} | {ckpt_every(r)} | {fmt(r.get('forced_snapshot_warnings'))} | "
+            f"{fmt(r['loadavg_before'][0], 2)} | {r['commit']} |"
         )
     return "\n".join(out) + "\n"
 
@@ -417,6 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="seconds the surrogate sleeps per epoch (default 1); less stresses the driver more",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=float,
+        help="full stack: study.launch --checkpoint-every SECONDS (default: study.launch's own, 60); 0 checkpoints every epoch",
     )
     parser.add_argument("--space", default="smoke", help="search space, as study.launch --space (default smoke; epochs forced to 16)")
     parser.add_argument("--only", choices=("full", "stock", "both"), default="both", help="which stack to run (default both)")

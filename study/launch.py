@@ -118,6 +118,14 @@ def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
     a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
     a("--max-failures", type=int, default=1, help="retries of a failed trial from its last checkpoint (default 1)")
     a(
+        "--checkpoint-every",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a trial checkpoints an epoch at most every SECONDS (default 60; 0: every epoch): a stopped, killed or moved "
+        "trial retrains at most that much, and Tune's snapshots of the whole study stay rare (docs/scale.md)",
+    )
+    a(
         "--rehearse",
         nargs="?",
         type=float,
@@ -191,6 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag} sizes the local Ray; drop it with --address (a running cluster has its own resources)")
     if args.max_failures < 0:
         bad("--max-failures", args.max_failures, "an integer >= 0")
+    if not (math.isfinite(args.checkpoint_every) and args.checkpoint_every >= 0):
+        bad("--checkpoint-every", args.checkpoint_every, "seconds, a finite number >= 0")
     if args.resume and not args.study_name:
         parser.error("--resume needs --study-name NAME (the study to continue)")
     args.given = given_flags(parser, argv)
@@ -263,6 +273,7 @@ class StudySettings:
     experiment: str
     resume: bool
     local_resources: tuple[float | None, float | None] = (None, None)  # --ray-cpus, --ray-gpus: the local Ray's size
+    checkpoint_every_s: float = 0.0  # --checkpoint-every: a runtime setting, not the study's (--resume may change it)
 
     @functools.cached_property
     def early_stopping(self):
@@ -358,7 +369,9 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         fixed={k: str(v) for k, v in space.fixed.items()},
     )
     local = (args.ray_cpus, args.ray_gpus)
-    return StudySettings(name, space, record, args.max_failures, args.address, uri, args.experiment, args.resume, local)
+    return StudySettings(
+        name, space, record, args.max_failures, args.address, uri, args.experiment, args.resume, local, args.checkpoint_every
+    )
 
 
 def early_stopping_flags(args: argparse.Namespace, max_epochs: int) -> tuple[str, int, float]:
@@ -534,6 +547,7 @@ def trainable(settings: StudySettings):
             data_root=settings.record.data_root,
             budgets=list(settings.early_stopping.budgets),
             rehearse_epoch_s=settings.record.rehearse,
+            checkpoint_every_s=settings.checkpoint_every_s,
         ),
         {"cpu": settings.record.cpus_per_trial, "gpu": settings.record.gpus_per_trial},
     )

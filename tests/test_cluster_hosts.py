@@ -366,7 +366,7 @@ class Fault:
 
 
 def study_with_a_fault(c: Cluster, study: str, storage: str, fault, repair) -> Fault:
-    flags = ["--rehearse", "1", "--space", "smoke", "--num-samples", "2", "--epochs", "6", "--scheduler", "fifo"]
+    flags = ["--rehearse", "1", "--space", "smoke", "--num-samples", "2", "--epochs", "6", "--scheduler", "fifo", "--checkpoint-every", "0"]
     command = launch_command(study, storage, *flags, "--max-concurrent", "2")
     victim = struck_at = repaired_at = None
     seen: dict[str, tuple[str, int]] = {}

@@ -427,6 +427,8 @@ def test_worker_node_dies_mid_trial(tmp_path, runs):
                 "node-loss",
                 "--max-failures",
                 "2",
+                "--checkpoint-every",  # every epoch: a moved trial continues from the epoch it reached
+                "0",
                 "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
                 "0",
             ]
@@ -575,6 +577,8 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
             name,
             "--max-failures",
             str(max_failures),
+            "--checkpoint-every",  # every epoch: the retry continues from epoch 1
+            "0",
             "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
             "0",
         ]

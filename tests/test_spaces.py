@@ -570,6 +570,8 @@ BAD_FLAGS = [
     (["--reduction-factor", "0.5"], "--reduction-factor"),
     (["--metric", "val_foo"], "--metric"),
     (["--max-failures", "-1"], "--max-failures"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--checkpoint-every", "inf"], "--checkpoint-every"),
     (["--study-name", "a/b"], "--study-name"),
     (["--study-name", "../x"], "--study-name"),
     (["--study-name", "x..y"], "--study-name"),

@@ -293,9 +293,9 @@ def local_ray() -> Iterator[LocalRay]:
             ray.shutdown()
 
 
-def fit(tmp_path, name: str, seeds: list[int], max_failures: int) -> tune.ResultGrid:
+def fit(tmp_path, name: str, seeds: list[int], max_failures: int, checkpoint_every_s: float = 0.0) -> tune.ResultGrid:
     tuner = tune.Tuner(
-        tune.with_parameters(train_surrogate, budgets=[1, 3], epoch_seconds=0.0),
+        tune.with_parameters(train_surrogate, budgets=[1, 3], epoch_seconds=0.0, checkpoint_every_s=checkpoint_every_s),
         param_space={**CONFIG, "seed": tune.grid_search(seeds)},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
         run_config=tune.RunConfig(
@@ -345,3 +345,16 @@ def test_a_trial_that_fails_resumes_from_its_checkpoint(local_ray, tmp_path):
     assert [None if pd.isna(tag) else tag for tag in frame["resumed_from_epoch"]] == [None, "1", "1", "1"]
     saved = json.loads((Path(result.checkpoint.path) / surrogate.STATE_NAME).read_text())
     assert LadderPlace.from_dict(saved) == LadderPlace(budget=3, epoch=3, epochs_trained=4, completed_budget=3, prefix_epoch=2)
+
+
+@pytest.mark.slow
+def test_a_trial_without_a_checkpoint_yet_retries_from_its_start_and_reports_each_epoch_again(local_ray, tmp_path):
+    local_ray.start({surrogate.FAULT_ENV: "2"})  # raises once after its 2nd epoch; no epoch was checkpointed
+    results = fit(tmp_path, "sparse", [0], max_failures=1, checkpoint_every_s=3600.0)
+    assert len(results) == 1 and not results.errors
+    result = results[0]
+    assert result.checkpoint is None and not list(Path(result.path).glob("checkpoint_*"))  # none in an hour
+    frame = result.metrics_dataframe
+    # the first attempt reported epoch 1 (its 2nd raised before its report); the retry started over: 1, 2, 3, 4
+    assert ladder_rows(frame) == [LADDER_1_3[0], *LADDER_1_3]
+    assert "resumed_from_epoch" not in frame.columns

@@ -27,6 +27,7 @@ import ray
 import torch
 from ray import tune
 
+from trainables.cadence import CheckpointCadence
 from trainables.core.budgets import LadderState, fit_budgets
 from trainables.core.checkpoint import BUNDLE_NAME, load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig
@@ -102,8 +103,10 @@ def train_dml(
     device: str | None = None,
     num_workers: int = 0,
     budgets: list[int] | None = None,
+    checkpoint_every_s: float = 0.0,
 ) -> None:
-    """Ray Tune function trainable for one trial; ``budgets`` defaults to ``[config epochs]``."""
+    """Ray Tune function trainable for one trial; ``budgets`` defaults to ``[config epochs]``. An epoch's report carries
+    a checkpoint at most every ``checkpoint_every_s`` seconds (``trainables.cadence``; 0: every epoch)."""
     train_config = TrainConfig.from_dict(dict(config), source="trial config")
     device, where = _placement(device)
 
@@ -123,6 +126,7 @@ def train_dml(
 
     fault_epoch = int(os.environ.get(FAULT_ENV, "0") or 0)
     fault_done = marker.with_name("injected_fault_done")
+    cadence = CheckpointCadence(checkpoint_every_s)
 
     def on_epoch(metrics: dict[str, float], state: LadderState) -> None:
         if state.epochs_trained == fault_epoch and not fault_done.exists():  # a transient failure, for reliability tests
@@ -130,6 +134,9 @@ def train_dml(
             fault_done.touch()
             raise RuntimeError(f"injected fault at epoch {state.epochs_trained} (simulated out of memory)")
         clean = {k: (v if math.isfinite(v) else float("nan")) for k, v in metrics.items()}
+        if not cadence.take():
+            tune.report({**clean, **where})
+            return
         with tempfile.TemporaryDirectory() as folder:
             save_state(state, Path(folder))
             tune.report({**clean, **where}, checkpoint=tune.Checkpoint.from_directory(folder))

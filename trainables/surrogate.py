@@ -73,6 +73,7 @@ import numpy as np
 import ray
 from ray import tune
 
+from trainables.cadence import CheckpointCadence
 from trainables.core import schedule
 from trainables.core.budgets import check_budgets
 from trainables.core.config import TrainConfig, applicable_keys
@@ -271,12 +272,13 @@ def train_surrogate(
     num_workers: int = 0,
     budgets: list[int] | None = None,
     epoch_seconds: float = 1.0,
+    checkpoint_every_s: float = 0.0,
 ) -> None:
     """Ray Tune function trainable for one trial, ``train_dml``'s reports without training; ``budgets``: ``[config epochs]``.
 
     Each epoch sleeps ``epoch_seconds``, then reports ``surrogate_metrics``, the ``time/*`` keys, the ladder's keys
-    and the trial's place (node, node_ip, node_id, device; ``resumed_from_epoch`` after a resume) with a checkpoint
-    of its ``LadderPlace``.
+    and the trial's place (node, node_ip, node_id, device; ``resumed_from_epoch`` after a resume), with a checkpoint
+    of its ``LadderPlace`` at most every ``checkpoint_every_s`` seconds (``trainables.cadence``; 0: every epoch).
     """
     train_config = TrainConfig.from_dict(dict(config), source="trial config")
     budgets = check_budgets(budgets or [train_config.epochs])
@@ -291,6 +293,7 @@ def train_surrogate(
 
     fault_epoch = int(os.environ.get(FAULT_ENV, "0") or 0)
     fault_done = Path(tune.get_context().get_trial_dir() or tempfile.gettempdir()) / FAULT_DONE
+    cadence = CheckpointCadence(checkpoint_every_s)
 
     for place in ladder(train_config, budgets, saved):
         started = time.perf_counter()
@@ -302,6 +305,9 @@ def train_surrogate(
             raise RuntimeError(f"injected fault at epoch {place.epochs_trained} (simulated out of memory)")
         times = {"time/data_s": 0.0, "time/compute_s": slept, "time/train_s": slept, "time/eval_s": 0.0, "time/epoch_s": slept}
         metrics = {**surrogate_metrics(train_config, place.budget, place.epoch), **times, **place.report_keys(len(budgets) == 1)}
+        if not cadence.take():
+            tune.report({**metrics, **where})
+            continue
         with tempfile.TemporaryDirectory() as folder:
             (Path(folder) / STATE_NAME).write_text(json.dumps(place.to_dict()))
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(folder))
