@@ -43,6 +43,37 @@ def print_error(error: BaseException | str) -> int:
     return 2
 
 
+def disk_error(error: BaseException, codes: tuple[int, ...]) -> OSError | None:
+    """The ``OSError`` with an errno of ``codes`` (a full or read-only disk) that ``error`` is, or was raised from or
+    while handling: Ray Tune turns an exception in a callback into a ``TuneError`` holding only its text."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in codes:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def disk_error_line(error: OSError, folders: list[str]) -> str:
+    """One line for a full or read-only disk: the file (else the fullest of ``folders``), what the system said, and
+    the space left on that filesystem."""
+    space = {folder: free for folder in folders if (free := free_bytes(folder)) is not None}
+    where = error.filename or min(space, key=space.get, default="a study file")
+    free = free_bytes(where if os.path.isdir(where) else os.path.dirname(where))
+    left = f" ({free} bytes free on its filesystem)" if free is not None else ""
+    return f"{where}: {error.strerror or os.strerror(error.errno)}{left}"
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """The bytes an unprivileged writer may still use on the filesystem of ``folder`` (None when it cannot be read)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:  # not created yet, or gone
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 class RedactingFilter(logging.Filter):
     """A handler's filter that redacts the passwords of URLs in every record it lets through (see ``redacted``)."""
 

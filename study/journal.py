@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-from study.lines import cut_torn_tail, keep_torn, parses
+from study.lines import cut_torn_tail, keep_torn, named, parses
 
 log = logging.getLogger(__name__)
 PREFIX = "journal:"  # --optuna-storage journal:PATH names a journal file; anything else is a database URL
@@ -106,8 +106,11 @@ class RepairingJournalBackend(JournalFileBackend):
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         data = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in logs).encode("utf-8")
         with self.locked():
-            cut_torn_tail(self.path)
-            with open(self.path, "ab") as fh:
-                fh.write(data)  # one write of whole lines
-                fh.flush()
-                os.fsync(fh.fileno())
+            try:
+                cut_torn_tail(self.path)
+                with open(self.path, "ab") as fh:
+                    fh.write(data)  # one write of whole lines
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as error:  # a full disk: the records are torn or missing, and said to be
+                raise named(error, self.path) from error

@@ -707,10 +707,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as error:
         print(inputs.redacted(interrupted_message(error, settings)), file=sys.stderr)
         return interrupts.exit_code(error)
-    except OSError as error:
-        if error.errno not in DISK_ERRORS:
+    except Exception as error:  # a full or read-only disk, also inside the TuneError Ray Tune makes of it: one line
+        disk = inputs.disk_error(error, DISK_ERRORS)
+        if disk is None:
             raise
-        inputs.print_error(f"{error.filename or 'a study file'}: {os.strerror(error.errno)}; {resume_hint(settings)}")
+        folders = [str(tracking.runs_dir())] + ([settings.record.storage_path] if settings is not None else [])
+        inputs.print_error(f"{inputs.disk_error_line(disk, folders)}; {resume_hint(settings)}")
         return 1
     console.print_study_summary(dataclasses.replace(outcome, uri=inputs.redacted(outcome.uri)), settings.record.metric)
     if settings.record.rehearse is not None:

@@ -63,6 +63,11 @@ def cut_torn_tail(path: str) -> int:
     return end - start
 
 
+def named(error: OSError, path: str) -> OSError:
+    """``error`` naming ``path`` (an ``OSError`` raised when a buffered file is flushed or closed names no file)."""
+    return error if error.filename else type(error)(error.errno, error.strerror, path)
+
+
 def parses(line: bytes) -> bool:
     try:
         json.loads(line)
@@ -105,10 +110,13 @@ class Spool:
         """``record`` as the last line; a line torn by an earlier append that failed or was killed is cut first."""
         line = (json.dumps(record) + "\n").encode()
         with self.locked():
-            if os.path.exists(self.path):
-                cut_torn_tail(self.path)
-            with open(self.path, "ab") as fh:
-                fh.write(line)
+            try:
+                if os.path.exists(self.path):
+                    cut_torn_tail(self.path)
+                with open(self.path, "ab") as fh:
+                    fh.write(line)
+            except OSError as error:  # a full disk: the line is torn or missing, and said to be
+                raise named(error, self.path) from error
 
     def read(self) -> list[dict[str, Any]]:
         """Every record, in order (torn lines skipped)."""

@@ -9,11 +9,18 @@ one); before a resume, ``recover`` puts that copy back in place of torn files (k
 a slightly older snapshot loses nothing: trials continue from their checkpoints, the records skip the epochs they
 already hold, and the Optuna journal keeps what was told.
 
+A full disk also stops the study before it tears more: ``KeepTuneState`` looks at the free space of the study's
+folders (the experiment folder and the runs folder) every ``watch_every_s`` and raises ``DiskFull`` (an ``OSError``,
+ENOSPC, naming the folder) from Tune's loop when one has less than ``MIN_FREE_BYTES`` left. The driver ends with
+one line, its runs marked stopped and its Optuna trials left RUNNING, as a signal leaves them, for ``--resume``
+once space is freed (trials that failed on the full disk would instead end FAILED for good).
+
 Local storage paths only (an ``s3://`` store writes each object whole). This module imports no Ray.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,11 +29,30 @@ import shutil
 import time
 from pathlib import Path
 
+from study.inputs import free_bytes
+from study.tracking import runs_dir
+
 log = logging.getLogger(__name__)
 
 STATE_PATTERNS = ("experiment_state-*.json", "search_gen_state-*.json", "searcher-state-*.pkl", "basic-variant-state-*.json")
 GOOD = ".last-good"
 FULL_PARSE_BYTES = 16 << 20  # larger snapshots (thousands of trials) are checked by their ends, not parsed every time
+MIN_FREE_BYTES = 1 << 20  # below this a study's folder counts as full: Tune's next snapshot or checkpoint would tear
+
+
+class DiskFull(OSError):
+    """A folder of the study is on a filesystem with (almost) no space left: ENOSPC, ``filename`` the folder."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), folder)
+
+
+def check_space(folders) -> None:
+    """Raises ``DiskFull`` for the first of ``folders`` whose filesystem has less than ``MIN_FREE_BYTES`` left."""
+    for folder in folders:
+        free = free_bytes(folder)
+        if free is not None and free < MIN_FREE_BYTES:
+            raise DiskFull(str(folder))
 
 
 def state_files(folder: Path) -> list[Path]:
@@ -101,19 +127,33 @@ def recover(experiment_dir: str) -> list[str]:
 
 
 class KeepTuneState:
-    """Copies each new snapshot of a study's Tune state, checking at most every ``every_s`` seconds (the Tune
-    callback ``study.callbacks.KeepState`` calls ``maybe_keep`` at each step of Tune's loop)."""
+    """Copies each new snapshot of a study's Tune state, checking at most every ``every_s`` seconds (the first one as
+    soon as Tune has written it), and stops the study on a full disk (``DiskFull``): the Tune callback
+    ``study.callbacks.KeepState`` calls ``maybe_keep`` at each step of Tune's loop.
+
+    ``watched``: the folders whose free space is watched (default: the experiment folder and the runs folder).
+    A resumed study runs the keeper pickled with its Tuner, so attributes added later are read with defaults.
+    """
 
     every_s = 10.0
+    watch_every_s = 0.5
 
-    def __init__(self, experiment_dir: str) -> None:
+    def __init__(self, experiment_dir: str, watched: tuple[str, ...] | None = None) -> None:
         self.experiment_dir, self.last_try, self.seen = experiment_dir, 0.0, ()
+        self.watched = watched if watched is not None else (experiment_dir, str(runs_dir()))
+        self.last_watch = 0.0
 
     def maybe_keep(self, force: bool = False) -> None:
+        """Raises ``DiskFull`` when a watched folder's disk is full; else copies a new readable snapshot when due."""
+        if force or time.monotonic() - getattr(self, "last_watch", 0.0) >= self.watch_every_s:
+            self.last_watch = time.monotonic()
+            check_space(getattr(self, "watched", (self.experiment_dir,)))
         if not force and time.monotonic() - self.last_try < self.every_s:
             return
-        self.last_try = time.monotonic()
         files = state_files(Path(self.experiment_dir))
+        if not files:  # Tune has not written its first snapshot: look again at the next step
+            return
+        self.last_try = time.monotonic()
         stats = [(p.name, p.stat()) for p in files if p.exists()]
         stamp = tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
         if stamp == self.seen:

@@ -1,0 +1,142 @@
+"""A disk that fills up mid-study, on a real small filesystem the test mounts (tmpfs): the driver ends with one line
+naming the full disk and the file, says it is resumable only when it is, and once space is freed one ``--resume``
+finishes the study with every trial recorded once.
+
+The tests run as root (they mount); where mounting is refused they are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from study import inputs, launch, tunestate
+from tests.conftest import wait_for
+from tests.test_rehearsal import assert_recorded_once
+from tests.test_resume import epochs_logged, run_driver, start_driver
+
+STUDY = ["--rehearse", "0.3", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--epochs", "6", "--confirm-seeds", "0"]
+SIZE = "24m"  # the MLflow store (about 1.2 MB), the launch's 1 MiB probe of the storage path, a study's files (under 1 MB)
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str = SIZE) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` for the block, unmounted after it (lazily when a process still holds it)."""
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): the disk-full tests need root and mount")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Writes a filler file in ``folder`` until the filesystem refuses (ENOSPC); returns it."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        chunk = b"\0" * (1 << 16)
+        while True:
+            os.write(fd, chunk)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_filesystem_is_told_apart_and_named(tmp_path):
+    """The watch of the study's folders (study.tunestate.check_space) and the driver's one line for it, on a real
+    full filesystem: the OSError is found inside the TuneError Ray Tune raises for an error in a callback."""
+    with small_filesystem(tmp_path / "small", size="2m") as small:
+        (small / "ray").mkdir()
+        tunestate.check_space([str(small)])  # 2 MiB free: not full
+        fill(small)
+        with pytest.raises(tunestate.DiskFull) as full:
+            tunestate.check_space([str(tmp_path), str(small / "ray")])
+        try:
+            try:
+                raise full.value
+            except OSError:
+                raise RuntimeError("TuneError: Traceback ...") from None  # as Tune raises it: the cause only as context
+        except RuntimeError as wrapped:
+            found = inputs.disk_error(wrapped, launch.DISK_ERRORS)
+        assert found is full.value
+        line = inputs.disk_error_line(found, [str(tmp_path)])
+        assert line == f"{small / 'ray'}: No space left on device (0 bytes free on its filesystem)"
+        assert inputs.disk_error(ValueError("x"), launch.DISK_ERRORS) is None
+
+
+def study_env(runs: Path) -> dict[str, str]:
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def run_until_the_disk_fills(argv: list[str], env: dict, runs: Path, name: str, full: Path, output: Path) -> tuple[int, str]:
+    """Starts the study, fills ``full`` once a trial has logged 2 epochs, and waits for the driver's end: (exit, output)."""
+    with open(output, "w") as out:
+        driver = start_driver([*argv, "--study-name", name], env, output=out)
+    try:
+        wait_for(lambda: any(e >= 2 for e in epochs_logged(runs, name)), 300, "a trial's second epoch", process=driver)
+        fill(full)
+        driver.wait(timeout=300)  # a generous limit: the driver must end by itself
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    return driver.returncode, output.read_text()
+
+
+def assert_one_disk_full_line(code: int, text: str, where: Path) -> None:
+    """Exit non-zero, one error line naming the full disk and a file under ``where``, no logging tracebacks."""
+    assert code != 0, text[-3000:]
+    assert "--- Logging error ---" not in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, text[-3000:]
+    assert "No space left on device" in errors[0] and str(where) in errors[0], errors
+
+
+@pytest.mark.slow
+def test_runs_folder_fills_mid_study_then_resume_finishes_it(tmp_path):
+    """DML_RUNS_DIR (MLflow's store, the Optuna journal, Tune's state and checkpoints, logs, spool) on a small disk."""
+    with small_filesystem(tmp_path / "small") as small:
+        runs = small / "runs"
+        runs.mkdir()
+        env, name = study_env(runs), "full-runs"
+        code, text = run_until_the_disk_fills(STUDY, env, runs, name, small, tmp_path / "driver.out")
+        assert_one_disk_full_line(code, text, runs)
+        assert "--resume" in text, text[-2000:]  # said resumable: the resume below holds it to that
+        (small / "filler").unlink()
+        out = run_driver(["--study-name", name, "--resume"], env, timeout=300)
+        assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+        assert_recorded_once(runs, name, 4)
+
+
+@pytest.mark.slow
+def test_storage_path_fills_mid_study_then_resume_finishes_it(tmp_path):
+    """--storage-path (Tune's state and the trials' checkpoints) on a small disk, the runs folder on the normal one."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with small_filesystem(tmp_path / "small") as small:
+        storage = small / "ray"
+        env, name = study_env(runs), "full-storage"
+        argv = [*STUDY, "--storage-path", str(storage)]
+        code, text = run_until_the_disk_fills(argv, env, runs, name, small, tmp_path / "driver.out")
+        assert_one_disk_full_line(code, text, storage)
+        assert "--resume" in text, text[-2000:]
+        (small / "filler").unlink()
+        out = run_driver(["--study-name", name, "--resume"], env, timeout=300)
+        assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+        assert_recorded_once(runs, name, 4)
