@@ -4,8 +4,10 @@
 a study ends: ``best_config.yaml`` (what ``study.final --study`` retrains: the
 keys that apply to the best trial's loss and schedules, ``applicable_keys``),
 ``resolved_config.yaml`` (every key it trained with), ``trials.csv`` (one row per trial, with its MLflow run id), and PNGs of the
-optimization history, the parameter importances, the parallel coordinates and
-the validation metric against epoch for every trial.
+optimization history, the parameter importances and the parallel coordinates (a
+panel per loss family: ``family_importances``, ``family_parallel_rows``) and the
+validation metric against epoch for every trial; ``study.report`` draws the last
+three the same way and shows the study's copy rather than log a second one.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
+from study import plots
 from study.inputs import write_yaml
-from study.plots import curves, note
+from study.plots import note
 from study.tracking import first_error_line
 from trainables.core.config import TrainConfig, applicable_keys
 
@@ -68,15 +72,101 @@ def learning_curves(study: optuna.Study, metric: str, path: Path) -> Path:
     trials = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values]
     series = {f"trial {t.number}": t.intermediate_values for t in trials}
     states = {f"trial {t.number}": t.state.name for t in trials}
-    return curves(series, path, ylabel=metric, title=f"{metric} against epoch, all trials", states=states)
+    return plots.curves(series, path, ylabel=metric, title=f"{metric} against epoch, all trials", states=states)
 
 
-def study_artifacts(study: optuna.Study, children: dict[str, Any], out: Path, metric: str, best) -> list[Path]:
+def loss_families(trials: list[FrozenTrial]) -> dict[str, list[FrozenTrial]]:
+    """``trials`` by the loss each trained ({"softmax": [...], "ice": [...]}, in the order first seen), from its ``loss``
+    param, else its config; all under "" when they share one loss (then there is nothing to tell apart)."""
+    groups: dict[str, list[FrozenTrial]] = {}
+    for t in trials:
+        groups.setdefault(str(t.params.get("loss", (t.user_attrs.get("config") or {}).get("loss", ""))), []).append(t)
+    return groups if len(groups) > 1 else {"": list(trials)}
+
+
+def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def searched(trials: list[FrozenTrial]) -> list[str]:
+    """The parameters every one of ``trials`` sampled, on the same range (what fANOVA can compare), and that take more
+    than one value among them."""
+    common = optuna.search_space.intersection_search_space(trials, include_pruned=True)
+    return [name for name in common if len({repr(t.params[name]) for t in trials}) > 1]
+
+
+def family_importances(study: optuna.Study) -> dict[str, dict[str, float] | str]:
+    """fANOVA importances (seeded, so the study's end and the report agree) of the parameters each loss family's
+    complete trials searched, per family (``loss_families``): a parameter of one loss never varies among the other's
+    trials, so importances over both would rank one loss's parameters on that loss's trials alone. A family with
+    fewer than two complete trials, or nothing searched, gets the reason instead."""
+    out: dict[str, dict[str, float] | str] = {}
+    for loss, trials in loss_families(complete_trials(study)).items():
+        label = f"loss {loss}: {len(trials)} complete trials" if loss else f"all {len(trials)} complete trials"
+        params = searched(trials)
+        if len(trials) < 2 or not params:
+            out[label] = "not computed: fewer than two complete trials, or no parameter that varies among them"
+            continue
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line on the terminal
+        try:
+            family = optuna.create_study(directions=study.directions)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
+            family.add_trials(trials)
+            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+            out[label] = optuna.importance.get_param_importances(family, evaluator=evaluator, params=params)
+    return out
+
+
+def family_parallel_rows(study: optuna.Study) -> tuple[dict[str, tuple[list[dict], list[float]]], set[str], dict[str, list]]:
+    """The complete trials' sampled params and values per loss family, each row without the params that are the same
+    in every trial of its family (the loss itself); with the log-scaled params and the categorical choices."""
+    trials = complete_trials(study)
+    log_params = {n for t in trials for n, d in t.distributions.items() if getattr(d, "log", False)}
+    categorical = optuna.distributions.CategoricalDistribution
+    choices = {n: list(d.choices) for t in trials for n, d in t.distributions.items() if isinstance(d, categorical)}
+    groups = {}
+    for loss, family in loss_families(trials).items():
+        varying = {n for n in {n for t in family for n in t.params} if len({repr(t.params.get(n)) for t in family}) > 1}
+        rows = [{k: v for k, v in t.params.items() if k in varying} for t in family]
+        groups[f"loss {loss}" if loss else ""] = (rows, [float(t.value) for t in family])
+    return groups, log_params, choices
+
+
+def draw_importances(study: optuna.Study, metric: str, path: Path) -> Path:
+    """param_importances.png: ``family_importances`` as bars, a panel per loss family; a note when none can be computed."""
+    try:
+        return plots.importances(family_importances(study), path, metric=metric)
+    except Exception as error:  # any failure to compute is reported in the PNG, never raised
+        return note(path, "parameter importances", f"not drawn: {first_error_line(str(error) or type(error).__name__)[:200]}")
+
+
+def draw_parallel_coordinates(study: optuna.Study, metric: str, path: Path) -> Path:
+    """parallel_coordinate.png: a panel per loss family on its own searched params (``family_parallel_rows``)."""
+    groups, log_params, choices = family_parallel_rows(study)
+    groups = {loss: (rows, values) for loss, (rows, values) in groups.items() if len(rows) >= 2 and any(rows)}
+    if not groups:
+        return note(path, "parallel coordinates", "not drawn: fewer than two complete trials, or no parameter that varies")
+    return plots.family_parallel_coordinates(groups, path, metric=metric, log_params=log_params, choices=choices)
+
+
+def study_artifacts(
+    study: optuna.Study, children: dict[str, Any], out: Path, metric: str, best, curves: Callable[[Path], Path] | None = None
+) -> list[Path]:
     """Write the end-of-study files into ``out``; returns their paths.
 
     ``children`` maps Tune trial ids to the trials' MLflow runs; ``best`` is the
     best frozen trial (its ``config`` user attribute is the resolved config), or
     None when no trial completed (then there is no ``best_config.yaml``).
+    ``curves`` draws learning_curves.png into the path it is given (the report's
+    drawing, from MLflow's per-epoch records); without it, from the trials'
+    Optuna intermediate values. The importances and parallel coordinates are
+    drawn as the report draws them (``draw_importances``,
+    ``draw_parallel_coordinates``): the study holds each plot once, and the
+    report logs no second version of it.
     """
     paths = []
     if best is not None:
@@ -85,12 +175,9 @@ def study_artifacts(study: optuna.Study, children: dict[str, Any], out: Path, me
         paths.append(write_yaml(out / "best_config.yaml", {key: resolved[key] for key in applicable_keys(config)}))
         paths.append(write_yaml(out / "resolved_config.yaml", resolved))
     paths.append(trials_table(study, children, metric, out / "trials.csv"))
-    vis = optuna.visualization.matplotlib
-    plots = {
-        "optimization_history.png": ("optimization history", lambda: vis.plot_optimization_history(study, target_name=metric)),
-        "param_importances.png": ("parameter importances", lambda: vis.plot_param_importances(study)),
-        "parallel_coordinate.png": ("parallel coordinates", lambda: vis.plot_parallel_coordinate(study, target_name=metric)),
-    }
-    paths += [optuna_plot(out / name, title, draw) for name, (title, draw) in plots.items()]
-    paths.append(learning_curves(study, metric, out / "learning_curves.png"))
+    history = lambda: optuna.visualization.matplotlib.plot_optimization_history(study, target_name=metric)  # noqa: E731
+    paths.append(optuna_plot(out / "optimization_history.png", "optimization history", history))
+    paths.append(draw_importances(study, metric, out / "param_importances.png"))
+    paths.append(draw_parallel_coordinates(study, metric, out / "parallel_coordinate.png"))
+    paths.append(curves(out / "learning_curves.png") if curves else learning_curves(study, metric, out / "learning_curves.png"))
     return paths

@@ -205,22 +205,59 @@ def parallel_coordinates_figure(
     range's ends and middle as ticks; categories (``choices``, else the
     values seen, in order) sit evenly spaced with their names as ticks.
     """
-    names = sorted({name for row in rows for name in row}, key=lambda n: (n in (choices or {}), n))
-    fig = Figure(figsize=(max(8.0, 1.6 * (len(names) + 1)), 5.5))
-    ax = fig.subplots()
+    return family_parallel_coordinates_figure({"": (rows, values)}, metric=metric, log_params=log_params, choices=choices)
+
+
+def family_parallel_coordinates(
+    groups: Mapping[str, tuple[list[Mapping[str, object]], list[float]]],
+    path: str | Path,
+    *,
+    metric: str,
+    log_params: frozenset[str] | set[str] = frozenset(),
+    choices: Mapping[str, list] | None = None,
+) -> Path:
+    """:func:`family_parallel_coordinates_figure` saved to ``path``."""
+    return save(family_parallel_coordinates_figure(groups, metric=metric, log_params=log_params, choices=choices), path)
+
+
+def family_parallel_coordinates_figure(
+    groups: Mapping[str, tuple[list[Mapping[str, object]], list[float]]],
+    *,
+    metric: str,
+    log_params: frozenset[str] | set[str] = frozenset(),
+    choices: Mapping[str, list] | None = None,
+) -> Figure:
+    """:func:`parallel_coordinates_figure` of each group ({name: (rows, values)}, a loss family each) in a panel of its
+    own, one above the other, on one colour scale of ``values``: each panel has only its own trials' parameters, so a
+    family's axes are the few it searched. A group named "" has no panel title."""
+    groups = {name: group for name, group in groups.items() if group[0]}
+    finite = [v for _, values in groups.values() for v in values if math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    norm, cmap = Normalize(lo, hi if hi > lo else lo + 1e-9), colormaps["viridis"]
+    widest = max((len({n for row in rows for n in row}) for rows, _ in groups.values()), default=1)
+    fig = Figure(figsize=(max(8.0, 1.5 * (widest + 1)), 0.6 + 4.6 * max(len(groups), 1)), layout="constrained")
+    panels = fig.subplots(max(len(groups), 1), 1, squeeze=False)[:, 0]
+    for ax, (name, (rows, values)) in zip(panels, groups.items()):
+        _parallel_panel(ax, rows, values, norm, cmap, log_params, choices or {})
+        trials = f"{len(rows)} complete trial{'s' if len(rows) != 1 else ''}"
+        ax.set_title(f"{name}: {trials}" if name else f"parallel coordinates of {trials}", fontsize=11)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(panels), label=metric)
+    fig.suptitle("parallel coordinates (a line skips parameters its trial did not have)", fontsize=11)
+    return fig
+
+
+def _parallel_panel(ax, rows, values, norm, cmap, log_params, choices) -> None:
+    """One panel of parallel coordinates: an axis per parameter of ``rows``, a line per trial coloured by its value."""
+    names = sorted({name for row in rows for name in row}, key=lambda n: (n in choices, n))
     axes_at = {name: i for i, name in enumerate(names)}
     position: dict[str, Callable[[object], float]] = {}
     for name in names:
         seen = [row[name] for row in rows if name in row]
-        position[name], ticks = axis_scale(seen, log=name in log_params, choices=(choices or {}).get(name))
+        position[name], ticks = axis_scale(seen, log=name in log_params, choices=choices.get(name))
         x = axes_at[name]
         ax.axvline(x, color="black", linewidth=0.8)
         for t, label in ticks:
-            ax.text(x + 0.03, t, label, fontsize=8, va="center", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0})
-    finite = [v for v in values if math.isfinite(v)]
-    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    norm = Normalize(lo, hi if hi > lo else lo + 1e-9)
-    cmap = colormaps["viridis"]
+            ax.text(x + 0.03, t, label, fontsize=9, va="center", ha="left", bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0})
     for row, value in sorted(zip(rows, values), key=lambda rv: rv[1] if math.isfinite(rv[1]) else -math.inf):
         active = [n for n in names if n in row]
         ax.plot(
@@ -228,18 +265,43 @@ def parallel_coordinates_figure(
             [position[n](row[n]) for n in active],
             color=cmap(norm(value)) if math.isfinite(value) else "lightgray",
             alpha=0.8,
-            linewidth=1.2,
+            linewidth=1.4,
             marker="o",
             markersize=3,
         )
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=10)
     ax.set_xlim(-0.3, len(names) - 0.4)
     ax.set_ylim(-0.08, 1.08)
     ax.set_yticks([])
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
-    ax.set_title(f"parallel coordinates of {len(rows)} complete trials (a line skips parameters its trial did not have)")
+
+
+def importances(groups: Mapping[str, Mapping[str, float] | str], path: str | Path, *, metric: str) -> Path:
+    """:func:`importances_figure` saved to ``path``."""
+    return save(importances_figure(groups, metric=metric), path)
+
+
+def importances_figure(groups: Mapping[str, Mapping[str, float] | str], *, metric: str) -> Figure:
+    """Parameter importances as horizontal bars, one panel per group ({name: {parameter: importance}}, a loss family
+    each), the most important on top, each bar's value written beside it; a group whose value is a str says why it
+    has none."""
+    heights = [1.0 + 0.35 * (1 if isinstance(v, str) else len(v)) for v in groups.values()] or [1.0]
+    fig = Figure(figsize=(8, 0.8 + sum(heights)))
+    panels = fig.subplots(len(heights), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (name, values) in zip(panels, groups.items()):
+        ax.set_title(name, fontsize=11, loc="left")
+        if isinstance(values, str):
+            ax.axis("off")
+            ax.text(0.0, 0.5, values, fontsize=10, va="center", wrap=True)
+            continue
+        order = sorted(values, key=values.get)
+        ax.barh(range(len(order)), [values[k] for k in order], color="tab:blue")
+        ax.set_yticks(range(len(order)), order, fontsize=10)
+        for i, k in enumerate(order):
+            ax.text(values[k], i, f" {values[k]:.2f}", va="center", fontsize=9)
+        ax.set_xlim(0, max(1.0, max(values.values(), default=0) * 1.15))
+    panels[-1].set_xlabel(f"importance for {metric} (fANOVA, sums to 1 within a panel)")
     fig.tight_layout()
     return fig
 

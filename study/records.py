@@ -262,8 +262,15 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     orphans = [run.info.run_id for run in training if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
     mark_pick(study, summary)
+    trials = child_runs(client, recorder.experiment_id, parent_id)  # read again: with the states written above
+
+    def curves(path: Path) -> Path:
+        from study.report import draw_learning_curves  # the report's drawing, so that the study holds one
+
+        return draw_learning_curves(client, parent, trials, path)
+
     with tempfile.TemporaryDirectory() as tmp:
-        paths = study_artifacts(study, children, Path(tmp), metric, best)
+        paths = study_artifacts(study, children, Path(tmp), metric, best, curves=curves)
         if selection is not None:
             paths.append(Path(tmp) / "selection.json")
             paths[-1].write_text(json.dumps(selection_record(selection), indent=1))

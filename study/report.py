@@ -11,10 +11,11 @@ cosine similarities on the test classes, the mean-proxy norm over training).
 ``report.html`` is the same report in one file, its PNGs embedded. Both are
 rendered from one list of blocks (headings, paragraphs, tables, images), and
 the text the report reads from MLflow and Optuna is shown as text in both.
-The same files are logged to the parent run under ``report/``.
+The same files are logged to the parent run under ``report/``, but for the
+plots the study ended with at the run's root (``logged_files``).
 
-The files a study itself ends with (``best_config.yaml``, ``trials.csv``, the
-Optuna plots) are written by ``study.artifacts``.
+The files a study itself ends with (``best_config.yaml``, ``trials.csv``, its
+plots, drawn as the report draws them) are written by ``study.artifacts``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import logging
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,7 @@ from typing import Any
 import mlflow
 import numpy as np
 
-from study import inputs, names, plots, records, tracking
-from study.artifacts import optuna_plot
+from study import artifacts, inputs, names, plots, records, tracking
 from study.record import StudyRecord
 from study.schedulers import describe_rule
 from trainables.core.budgets import rung_budgets
@@ -402,26 +401,38 @@ def _optuna_study(parent, record: StudyRecord):
 
 
 def importances(client, parent, record: StudyRecord, out: Path) -> list[Block]:
-    """Parameter importances from the study's Optuna storage (fANOVA), else the PNG the study ended with."""
-    import optuna
-
+    """Parameter importances from the study's Optuna storage (fANOVA, per loss family: ``artifacts.family_importances``),
+    else the PNG the study ended with."""
     blocks: list[Block] = [Heading(2, "Parameter importances")]
     try:
         study = _optuna_study(parent, record)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Optuna's experimental-feature warnings
-            values = optuna.importance.get_param_importances(study)
-        blocks.append(Table(("parameter", "importance"), tuple((k, f"{v:.3f}") for k, v in values.items())))
-        path = optuna_plot(
-            out / "param_importances.png", "parameter importances", lambda: optuna.visualization.matplotlib.plot_param_importances(study)
-        )
-    except Exception as error:  # storage moved or unreachable, or too few trials: fall back to the stored plot
+        families = artifacts.family_importances(study)
+        path = artifacts.draw_importances(study, record.metric, out / "param_importances.png")
+    except Exception as error:  # storage moved or unreachable: fall back to the stored plot
         detail = tracking.first_error_line(str(error) or type(error).__name__)[:200]
         try:
             path = Path(client.download_artifacts(parent.info.run_id, "param_importances.png", str(out)))
         except Exception:
             return [*blocks, Paragraph(f"(parameter importances unavailable: {detail})")]
-        blocks.append(Paragraph(f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)"))
+        return [
+            *blocks,
+            Paragraph(f"(recomputed importances unavailable: {detail}; the plot is the one the study ended with)"),
+            Image(path, "parameter importances"),
+        ]
+    if len(families) > 1:
+        blocks.append(
+            Paragraph(
+                "Computed per loss family, on its complete trials: a parameter of one loss never varies among the other's "
+                "trials. Each family's parameters are those all its trials sampled on the same range."
+            )
+        )
+    for label, values in families.items():
+        if len(families) > 1:
+            blocks.append(Heading(3, label))
+        if isinstance(values, str):
+            blocks.append(Paragraph(f"({values})"))
+        else:
+            blocks.append(Table(("parameter", "importance"), tuple((k, f"{v:.3f}") for k, v in values.items())))
     return [*blocks, Image(path, "parameter importances")]
 
 
@@ -472,43 +483,53 @@ def learning_curves(
     return [Heading(2, "Validation metric against epoch"), Image(path, "learning curves")]
 
 
+def draw_learning_curves(client, parent, trials: list, path: Path) -> Path:
+    """learning_curves.png of a study as its report draws it (its trials' MLflow records, the rungs and heating marked):
+    what the study ends with, so that the study holds one drawing of it (``study.artifacts.study_artifacts``)."""
+    record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags.get('study_name')!r}")
+    histories = {_trial_key(r): _history(client, r.info.run_id, record.metric) for r in trials}
+    states = {_trial_key(r): _trial_state(r) for r in trials}
+    learning_curves(histories, states, record.metric, path.parent, curve_marks(client, record, trials))
+    return path
+
+
 def parallel_coordinates(
     client, parent, record: StudyRecord, trials: list, histories: dict[str, dict[int, float]], out: Path
 ) -> list[Block]:
-    """The complete trials' parameters and ``metric`` as parallel coordinates, each trial on the axes of the parameters it had.
+    """The complete trials' parameters and ``metric`` as parallel coordinates, a panel per loss family on the parameters
+    its trials searched (``artifacts.draw_parallel_coordinates``), each trial on the axes of the parameters it had.
 
     From the Optuna study (a trial's params are the ones it sampled, so a conditional parameter
     is absent where its condition was false); if the storage is gone, from the trials' MLflow
-    params (values "None" or empty taken as absent). Parameters with one value in every trial are left out.
+    params that applied (``active_params``; values "None" or empty taken as absent). Parameters with one value in
+    every trial of a family are left out.
     """
-    rows, values, log_params, choices = [], [], set(), {}
-    try:
-        import optuna
-
-        study = _optuna_study(parent, record)
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            rows.append(dict(t.params))
-            values.append(float(t.value))
-            for name, dist in t.distributions.items():
-                if getattr(dist, "log", False):
-                    log_params.add(name)
-                if isinstance(dist, optuna.distributions.CategoricalDistribution):
-                    choices[name] = list(dist.choices)
-    except Exception:  # storage moved or unreachable: the MLflow records
-        for r in trials:
-            key = _trial_key(r)
-            if _trial_state(r) != "COMPLETE" or not histories.get(key):
-                continue
-            rows.append({k: _param_value(v) for k, v in active_params(r).items() if v not in ("None", "")})
-            values.append(list(histories[key].values())[-1])
-    varying = {name for name in {n for row in rows for n in row} if len({str(row.get(name)) for row in rows}) > 1}
-    rows = [{k: v for k, v in row.items() if k in varying} for row in rows]
     heading = Heading(2, "Parallel coordinates")
-    if len(rows) < 2 or not varying:
+    path = out / "parallel_coordinate.png"
+    try:
+        artifacts.draw_parallel_coordinates(_optuna_study(parent, record), record.metric, path)
+        return [heading, Image(path, "parallel coordinates")]
+    except Exception:  # storage moved or unreachable: the MLflow records
+        pass
+    groups: dict[str, tuple[list, list]] = {}
+    for r in trials:
+        key = _trial_key(r)
+        if _trial_state(r) != "COMPLETE" or not histories.get(key):
+            continue
+        row = {k: _param_value(v) for k, v in active_params(r).items() if v not in ("None", "")}
+        rows, values = groups.setdefault(f"loss {row.get('loss', '')}", ([], []))
+        rows.append(row)
+        values.append(list(histories[key].values())[-1])
+    if len(groups) == 1:
+        groups = {"": next(iter(groups.values()))}
+    drawn = {}
+    for label, (rows, values) in groups.items():
+        varying = {name for name in {n for row in rows for n in row} if len({str(row.get(name)) for row in rows}) > 1}
+        if len(rows) >= 2 and varying:
+            drawn[label] = ([{k: v for k, v in row.items() if k in varying} for row in rows], values)
+    if not drawn:
         return [heading, Paragraph("(fewer than two complete trials, or no parameter that varies)")]
-    path = plots.parallel_coordinates(
-        rows, values, out / "parallel_coordinates.png", metric=record.metric, log_params=log_params, choices=choices
-    )
+    plots.family_parallel_coordinates(drawn, path, metric=record.metric)
     return [heading, Image(path, "parallel coordinates")]
 
 
@@ -903,6 +924,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def logged_files(client, parent, folder: Path) -> list[Path]:
+    """The report's files that go to the parent run's ``report/``: all but the plots the study ended with at the run's
+    root (``study.artifacts``: the same drawings, from the same records), so that the run holds each plot once.
+    ``report.html`` embeds every picture; ``report.md`` names them as files beside it, as in the report's folder."""
+    held = {a.path for a in client.list_artifacts(parent.info.run_id) if not a.is_dir}
+    return [path for path in sorted(folder.iterdir()) if path.is_file() and not (path.suffix == ".png" and path.name in held)]
+
+
 MARKER = ".study-report"  # in a folder the report wrote: the files it wrote there, one a line
 
 
@@ -959,7 +988,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write_report(client, parent, staging, args.top)
         if not args.no_log:
-            client.log_artifacts(parent.info.run_id, str(staging), artifact_path="report")
+            for path in logged_files(client, parent, staging):
+                client.log_artifact(parent.info.run_id, str(path), artifact_path="report")
         publish(staging, out)
     except tracking.UsageError as error:  # a parent run that holds no study's record
         return inputs.print_error(error)

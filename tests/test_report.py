@@ -446,3 +446,39 @@ def test_the_top_trials_leave_a_param_the_trial_did_not_train_with_blank():
     assert table[1] == {**table[1], "alpha": "8", "heating": "two_stage", "heating_target": "4", "ice_scale": "", "variant": "b"}
     assert table[2] == {**table[2], "alpha": "16", "heating": "none", "heating_target": "", "ice_scale": "", "variant": "c"}
     assert "A blank cell: a parameter the trial did not train with" in text
+
+
+def test_importances_are_computed_per_loss_family_and_the_page_says_on_which_trials(tmp_path):
+    """Issue 32: fANOVA over a study of both losses ranked ice_scale on the ICE trials alone beside the softmax ones.
+    Here a softmax trial's score is a function of alpha alone, an ICE trial's of ice_scale alone, lr is noise in both:
+    each family's panel ranks its own parameter first with nearly all the importance, and names no parameter of the
+    other loss (and not the loss, one value within a family)."""
+    from study.artifacts import family_importances
+    from study.record import StudyRecord
+
+    storage = f"journal:{tmp_path / 'optuna.log'}"
+    study = optuna.create_study(study_name="fam", direction="maximize", storage=open_storage(storage))
+    loss = optuna.distributions.CategoricalDistribution(["softmax", "ice"])
+    lr = optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
+    alpha, scale = optuna.distributions.FloatDistribution(2, 64, log=True), optuna.distributions.FloatDistribution(4, 128, log=True)
+    lrs = [3e-4, 1e-3, 5e-3, 2e-4, 8e-3, 6e-4, 2e-3, 4e-3]
+    for i, (a, s) in enumerate(zip([2, 4, 8, 16, 32, 64, 3, 24], [4, 8, 16, 32, 64, 128, 6, 48])):
+        params = {"loss": "softmax", "alpha": float(a), "lr": lrs[i]}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions={"loss": loss, "alpha": alpha, "lr": lr}, value=a / 100))
+        params = {"loss": "ice", "ice_scale": float(s), "lr": lrs[-1 - i]}
+        study.add_trial(
+            optuna.trial.create_trial(params=params, distributions={"loss": loss, "ice_scale": scale, "lr": lr}, value=1 - s / 200)
+        )
+    families = family_importances(study)
+    assert list(families) == ["loss softmax: 8 complete trials", "loss ice: 8 complete trials"]
+    softmax, ice = families.values()
+    assert set(softmax) == {"alpha", "lr"} and set(ice) == {"ice_scale", "lr"}
+    assert softmax["alpha"] > 0.75 > softmax["lr"] and ice["ice_scale"] > 0.75 > ice["lr"], families  # fANOVA on 8 trials: an estimate
+
+    parent = SimpleNamespace(info=SimpleNamespace(run_id="p"), data=SimpleNamespace(tags={"study_name": "fam"}))
+    record = StudyRecord.from_params(recorded_params(optuna_storage=storage))
+    text = markdown(report.importances(None, parent, record, tmp_path))
+    assert "### loss softmax: 8 complete trials" in text and "### loss ice: 8 complete trials" in text
+    assert "Computed per loss family, on its complete trials" in text
+    assert text.index("| alpha |") < text.index("### loss ice") < text.index("| ice_scale |")
+    assert (tmp_path / "param_importances.png").is_file()

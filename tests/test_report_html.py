@@ -496,21 +496,26 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
     if not with_storage:
         (tmp_path / "optuna.log").unlink()
     captured = {}
-    real = plots.parallel_coordinates
+    real = plots.family_parallel_coordinates
 
-    def spy(rows, values, path, **kwargs):
-        captured.update(rows=rows, values=values)
-        return real(rows, values, path, **kwargs)
+    def spy(groups, path, **kwargs):
+        captured.update(groups)
+        return real(groups, path, **kwargs)
 
-    report.plots.parallel_coordinates = spy
+    plots.family_parallel_coordinates = spy  # the module study.report and study.artifacts draw with
     try:
         assert report.main(["--study", "c", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--no-log"]) == 0
     finally:
-        report.plots.parallel_coordinates = real
-    assert sorted(captured["rows"], key=str) == sorted(seen_rows, key=str)
-    assert sorted(captured["values"]) == pytest.approx([0.8, 0.85, 0.9])
+        plots.family_parallel_coordinates = real
+    # a panel per loss family on the parameters that vary within it: ICE's two trials on ice_scale; the one softmax
+    # trial has nothing to compare, and no axis is the loss (one value per panel)
+    assert list(captured) == ["loss ice"]
+    rows, values = captured["loss ice"]
+    assert all(set(row) == {"ice_scale"} for row in rows)
+    assert sorted(zip((row["ice_scale"] for row in rows), values)) == [(16.0, pytest.approx(0.9)), (64.0, pytest.approx(0.85))]
+    assert seen_rows[1] == {"loss": "softmax"}
     html = (tmp_path / "out" / "report.html").read_text()
-    assert "Parallel coordinates" in html and (tmp_path / "out" / "parallel_coordinates.png").is_file()
+    assert "Parallel coordinates" in html and (tmp_path / "out" / "parallel_coordinate.png").is_file()
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,22 @@ def test_a_study_with_nothing_to_retrain_still_names_its_report(runs, capsys):
     out = capsys.readouterr().out
     assert "nothing to retrain" in out and "study.final" not in out
     assert f"{console.python_command('study.report')} --study s --experiment e --tracking-uri http://10.0.0.1:5000\n" in out
+
+
+def test_the_study_holds_each_plot_once_and_the_report_draws_the_same(rehearsed, tmp_path):
+    """Issue 32: learning_curves.png, param_importances.png and parallel_coordinate.png at the parent run's root, and
+    other drawings of them under report/. The study ends with the report's drawings; study.report logs no second copy,
+    and the PNGs in its folder (which report.md shows) are byte for byte the study's."""
+    runs, _ = rehearsed
+    client, parent, _, _ = study_records(runs, STUDY)
+    run_id = parent[0].info.run_id
+    out = tmp_path / "report"
+    assert report.main(["--study", STUDY, "--tracking-uri", f"sqlite:///{runs / 'mlflow.db'}", "--out", str(out)]) == 0
+    root = {a.path for a in client.list_artifacts(run_id) if a.path.endswith(".png")}
+    logged = {a.path for a in client.list_artifacts(run_id, "report")}
+    plots = {"learning_curves.png", "param_importances.png", "parallel_coordinate.png"}
+    assert plots | {"optimization_history.png"} == root
+    assert {"report/report.md", "report/report.html"} <= logged and not {f"report/{name}" for name in plots} & logged
+    for name in plots:
+        stored = client.download_artifacts(run_id, name, str(tmp_path))
+        assert open(stored, "rb").read() == (out / name).read_bytes(), name
