@@ -148,7 +148,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress(Callback):
-    """One terminal line whenever a trial reports or ends: states, the best so far and the time left (``time_left``).
+    """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has ended, the
+    time left (``time_left``).
 
     ``num_samples`` search trials, then up to ``reruns`` confirmation re-runs, counted apart (never "the best").
     """
@@ -184,7 +185,9 @@ class Progress(Callback):
                 best = (value, t.trial_id)
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
         elapsed = time.time() - self.started
-        left = time_left(elapsed, self.num_samples + self.reruns, finished, running, self.max_epochs)
+        # no estimate before a trial has ended: until then the cost of a trial is a guess, every trial at its full budget,
+        # where early stopping ends most trials at a quarter of it (issue 32: "~38 min left" first, for a 14-minute study)
+        left = time_left(elapsed, self.num_samples + self.reruns, finished, running, self.max_epochs) if finished else None
         left_text = f", ~{format_duration(left)} left" if left is not None else ""
         rerun_text = f", re-runs {reruns_done}/{self.reruns} done" if reruns else ""
         print(

@@ -265,9 +265,13 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     trials = child_runs(client, recorder.experiment_id, parent_id)  # read again: with the states written above
 
     def curves(path: Path) -> Path:
+        from study.artifacts import learning_curves
         from study.report import draw_learning_curves  # the report's drawing, so that the study holds one
 
-        return draw_learning_curves(client, parent, trials, path)
+        try:
+            return draw_learning_curves(client, parent, trials, path)
+        except tracking.UsageError:  # a parent run whose params are no study's record: the curves of Optuna's values
+            return learning_curves(study, metric, path)
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = study_artifacts(study, children, Path(tmp), metric, best, curves=curves)
