@@ -49,6 +49,15 @@ def rehearsed(tmp_path_factory, store_template):
     return runs, out.getvalue()
 
 
+@pytest.fixture(scope="module")
+def reported(rehearsed, tmp_path_factory):
+    """``python -m study.report`` of the rehearsal, logged to its parent run: the report's folder."""
+    runs, _ = rehearsed
+    out = tmp_path_factory.mktemp("winner-report") / "report"
+    assert report.main(["--study", STUDY, "--tracking-uri", f"sqlite:///{runs / 'mlflow.db'}", "--out", str(out)]) == 0
+    return out
+
+
 def last(client, run) -> float:
     return max(client.get_metric_history(run.info.run_id, METRIC), key=lambda m: m.step).value
 
@@ -127,11 +136,10 @@ def test_every_training_run_names_the_params_it_trained_with(rehearsed):
         assert active == set(params) - unused, run.info.run_name
 
 
-def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_blank(rehearsed, tmp_path):
+def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_blank(rehearsed, reported):
     runs, _ = rehearsed
     client, _, children, _ = study_records(runs, STUDY)
-    out = tmp_path / "report"
-    assert report.main(["--study", STUDY, "--tracking-uri", f"sqlite:///{runs / 'mlflow.db'}", "--out", str(out), "--no-log"]) == 0
+    out = reported
     section = (out / "report.md").read_text().split(f"## Top trials by {METRIC}\n")[1].split("\n## ")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -164,15 +172,14 @@ def test_a_study_with_nothing_to_retrain_still_names_its_report(runs, capsys):
     assert f"{console.python_command('study.report')} --study s --experiment e --tracking-uri http://10.0.0.1:5000\n" in out
 
 
-def test_the_study_holds_each_plot_once_and_the_report_draws_the_same(rehearsed, tmp_path):
+def test_the_study_holds_each_plot_once_and_the_report_draws_the_same(rehearsed, reported, tmp_path):
     """Issue 32: learning_curves.png, param_importances.png and parallel_coordinate.png at the parent run's root, and
     other drawings of them under report/. The study ends with the report's drawings; study.report logs no second copy,
     and the PNGs in its folder (which report.md shows) are byte for byte the study's."""
     runs, _ = rehearsed
     client, parent, _, _ = study_records(runs, STUDY)
     run_id = parent[0].info.run_id
-    out = tmp_path / "report"
-    assert report.main(["--study", STUDY, "--tracking-uri", f"sqlite:///{runs / 'mlflow.db'}", "--out", str(out)]) == 0
+    out = reported
     root = {a.path for a in client.list_artifacts(run_id) if a.path.endswith(".png")}
     logged = {a.path for a in client.list_artifacts(run_id, "report")}
     plots = {"learning_curves.png", "param_importances.png", "parallel_coordinate.png"}
