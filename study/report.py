@@ -35,6 +35,7 @@ from typing import Any
 
 import mlflow
 import numpy as np
+import yaml
 
 from study import artifacts, inputs, names, plots, records, tracking
 from study.record import StudyRecord
@@ -370,15 +371,28 @@ def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[B
     ]
 
 
-def best_config(client, parent, out: Path, picked: bool = False) -> list[Block]:
-    """The best trial's config as the study stored it (nothing before a trial completes); ``picked``: chosen by its mean."""
+def best_config(client, parent, out: Path, picked: bool = False, final_epochs: int | None = None) -> list[Block]:
+    """The best trial's config as the study stored it (nothing before a trial completes); ``picked``: chosen by its mean.
+
+    Its ``epochs`` is the trials' budget; ``final_epochs`` (the study's record) is what ``study.final --study`` trains
+    it to, said beside it when it differs."""
     try:
         text = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
     except Exception:  # no complete trial, or the study has not ended
         return []
     which = "The picked trial's config" if picked else "The best trial's config"
+    trials_epochs = (yaml.safe_load(text) or {}).get("epochs")
+    longer = f" for {final_epochs} epochs (its epochs below are the trials' budget; every schedule scales with it)"
     return [
-        Paragraph((f"{which} (", Code("best_config.yaml"), ", what ", Code("study.final --study"), " retrains):")),
+        Paragraph(
+            (
+                f"{which} (",
+                Code("best_config.yaml"),
+                ", what ",
+                Code("study.final --study"),
+                " retrains" + (longer if final_epochs and final_epochs != trials_epochs else "") + "):",
+            )
+        ),
         Preformatted(text.rstrip(), "yaml"),
     ]
 
@@ -616,7 +630,7 @@ def study_sections(client, parent, out: Path, top: int) -> list[Block]:
         *study_header(parent, record),
         *top_trials(trials, histories, states, metric, record.mode, top),
         *pick_section(selection, numbers),
-        *best_config(client, parent, out, picked=selection is not None),
+        *best_config(client, parent, out, picked=selection is not None, final_epochs=record.final_epochs),
         *importances(client, parent, record, out),
         *parallel_coordinates(client, parent, record, trials, histories, out),
         *learning_curves(histories, states, metric, out, curve_marks(client, record, trials)),

@@ -482,3 +482,19 @@ def test_importances_are_computed_per_loss_family_and_the_page_says_on_which_tri
     assert "Computed per loss family, on its complete trials" in text
     assert text.index("| alpha |") < text.index("### loss ice") < text.index("| ice_scale |")
     assert (tmp_path / "param_importances.png").is_file()
+
+
+@pytest.mark.parametrize("final_epochs, said", [(6, True), (3, False)])
+def test_the_picked_config_says_the_budget_study_final_trains_it_to(tmp_path, runs, final_epochs, said):
+    """best_config.yaml holds the trials' budget (3 epochs); a study whose final_epochs is 6 retrains it for 6 (issue 32:
+    "epochs: 16" shown as what study.final --study retrains, which trained 32)."""
+    uri = write_study_records(tmp_path, f"journal:{tmp_path / 'optuna.log'}", parent_params={"final_epochs": final_epochs})
+    client = mlflow.MlflowClient(uri)
+    parent = client.search_runs([client.get_experiment_by_name("dml-studies").experiment_id], "tags.kind = 'study'")[0]
+    (tmp_path / "best_config.yaml").write_text(yaml.safe_dump({"lr": 0.01, "epochs": 3}))
+    client.log_artifact(parent.info.run_id, str(tmp_path / "best_config.yaml"))
+    out = tmp_path / "report"
+    assert report.main(["--study", "hand", "--tracking-uri", uri, "--out", str(out), "--no-log"]) == 0
+    text = (out / "report.md").read_text()
+    assert "The best trial's config (`best_config.yaml`, what `study.final --study` retrains" in text
+    assert ("retrains for 6 epochs (its epochs below are the trials' budget" in text) == said
