@@ -22,6 +22,7 @@ from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 from study.tunestate import KeepTuneState
 
+ENDED = ("TERMINATED", "ERROR")  # a Tune trial's statuses once it has ended
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
 # The ladder's bookkeeping that MLflow's step already says (epochs_trained) or that is the searcher's (objective_step).
 STEP_KEYS = {"epochs_trained", "objective_step"}
@@ -138,6 +139,33 @@ def time_left(elapsed_s: float, num_samples: int, finished: list[int], running: 
     return remaining * elapsed_s / done
 
 
+def halving_cost(budgets: list[int]) -> float:
+    """The epochs a search trial is expected to train on the ladder of ``budgets`` (b0 < ... < bn) under successive
+    halving, which keeps 1 / eta of the trials at each rung (eta = (bn / b0) ^ (1 / n)): b0 + sum_i eta^-i (b_i - b_i-1).
+    One budget: b0."""
+    b = sorted(set(budgets))
+    eta = (b[-1] / b[0]) ** (1 / (len(b) - 1)) if len(b) > 1 else 1.0
+    return b[0] + sum(eta**-i * (b[i] - b[i - 1]) for i in range(1, len(b)))
+
+
+def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, budgets: list[int]) -> float:
+    """Epochs the study still trains: ``search`` (trials not started, epochs of the ended ones, of the running ones) and
+    ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``.
+
+    A search trial is expected to cost the ended ones' mean, drawn towards ``halving_cost(budgets)`` as towards that
+    many eta trials: the first trials to end are the ones the halving promoted (it has nothing to compare them with
+    yet), so their mean alone starts high.
+    """
+    waiting, ended, running = search
+    b = sorted(set(budgets) | {max_epochs})
+    eta = (b[-1] / b[0]) ** (1 / (len(b) - 1)) if len(b) > 1 else 1.0
+    cost = (sum(ended) + eta * halving_cost(b)) / (len(ended) + eta)
+    rerun_waiting, rerun_running = reruns
+    return (
+        waiting * cost + sum(max(cost - e, 0.0) for e in running) + rerun_waiting * max_epochs + sum(max_epochs - e for e in rerun_running)
+    )
+
+
 def format_duration(seconds: float) -> str:
     """Seconds as "45 s", "12 min" or "2.5 h"."""
     if seconds < 90:
@@ -158,6 +186,23 @@ class Progress(Callback):
         self.metric, self.mode, self.max_epochs, self.num_samples, self.reruns = metric, mode, max_epochs, num_samples, reruns
         self.started = time.time()
         self.last_line = 0.0
+        self.budgets: set[int] = set()  # the budgets of the ladder, as trials report them
+        self.first_result: tuple[float, int] | None = None  # when the first epoch was reported, and the epochs done then
+
+    def _time_left(self, trials, search_ended: list[int], search_running: list[int], reruns_running: list[int]) -> float | None:
+        """Seconds the study still needs at the pace since its first reported epoch (Ray's start-up left out): None
+        before a trial has ended (until then a trial's cost is a guess; issue 32: "~38 min left" first, for a
+        14-minute study)."""
+        done = sum(search_ended) + sum(search_running) + sum(reruns_running)
+        if not search_ended or self.first_result is None or done <= self.first_result[1]:
+            return None
+        search = (max(self.num_samples - len(search_ended) - len(search_running), 0), search_ended, search_running)
+        reruns = (
+            max(self.reruns - len(reruns_running) - sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED), 0),
+            reruns_running,
+        )
+        pace = (time.time() - self.first_result[0]) / (done - self.first_result[1])
+        return epochs_left(search, reruns, self.max_epochs, sorted(self.budgets)) * pace
 
     def _outcome(self, trial) -> str:
         return trial_outcome(trial.last_result, error=trial.status == "ERROR", metric=self.metric, max_epochs=self.max_epochs)
@@ -168,13 +213,14 @@ class Progress(Callback):
         self.last_line = time.time()
         counts = {"running": 0, COMPLETE: 0, PRUNED: 0, FAIL: 0, "pending": 0}
         best = None
-        finished, running, reruns, reruns_done = [], [], 0, 0
+        finished, running, reruns_running, reruns, reruns_done = [], [], [], 0, 0
         for t in trials:
-            ended = t.status in ("TERMINATED", "ERROR")
-            (finished if ended else running).append(trial_epochs(t))
+            ended = t.status in ENDED
             if confirmed_trial(t.config) is not None:
                 reruns, reruns_done = reruns + 1, reruns_done + ended
+                reruns_running += [] if ended else [trial_epochs(t)]
                 continue
+            (finished if ended else running).append(trial_epochs(t))
             if not ended:
                 counts["running" if t.status == "RUNNING" else "pending"] += 1
                 continue
@@ -185,9 +231,7 @@ class Progress(Callback):
                 best = (value, t.trial_id)
         best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
         elapsed = time.time() - self.started
-        # no estimate before a trial has ended: until then the cost of a trial is a guess, every trial at its full budget,
-        # where early stopping ends most trials at a quarter of it (issue 32: "~38 min left" first, for a 14-minute study)
-        left = time_left(elapsed, self.num_samples + self.reruns, finished, running, self.max_epochs) if finished else None
+        left = self._time_left(trials, finished, running, reruns_running)
         left_text = f", ~{format_duration(left)} left" if left is not None else ""
         rerun_text = f", re-runs {reruns_done}/{self.reruns} done" if reruns else ""
         print(
@@ -197,6 +241,10 @@ class Progress(Callback):
         )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.first_result is None:
+            self.first_result = (time.time(), sum(trial_epochs(t) for t in trials))
+        if "budget" in result and confirmed_trial(trial.config) is None:
+            self.budgets.add(int(result["budget"]))
         where = f"epoch {result.get('training_iteration')}"
         if "budget" in result:  # a ladder of budgets: the epoch within the schedule of that budget
             where = f"epoch {result.get('epoch')}/{result['budget']}"

@@ -1,4 +1,5 @@
-"""The progress line's time left (issue 32): no estimate until a trial has ended, then the pace so far."""
+"""The progress line's time left (issue 32): no estimate until a trial has ended, then the pace since the first epoch
+and the cost of a trial on the ladder of budgets, worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ import re
 import time
 from types import SimpleNamespace
 
-from study.callbacks import Progress
+import pytest
+
+from study.callbacks import Progress, epochs_left, halving_cost
 
 METRIC = "val_recall_at_1"
 
 
-def trial(trial_id: str, status: str, epochs: int, budget: int = 8) -> SimpleNamespace:
+def trial(trial_id: str, status: str, epochs: int, budget: int = 8, **config) -> SimpleNamespace:
     result = {"epochs_trained": epochs, "completed_budget": epochs, "budget": budget, METRIC: 0.5} if epochs else {}
-    return SimpleNamespace(trial_id=trial_id, status=status, config={"lr": 0.01}, last_result=result)
+    return SimpleNamespace(trial_id=trial_id, status=status, config={"lr": 0.01, **config}, last_result=result)
 
 
 def line(progress: Progress, trials: list, capsys) -> str:
@@ -21,13 +24,30 @@ def line(progress: Progress, trials: list, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_no_time_left_until_a_trial_has_ended_then_the_pace_so_far(capsys):
-    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4)
-    progress.started = time.time() - 30  # 30 s into the study
-    running = [trial("a", "RUNNING", 4), trial("b", "RUNNING", 2)]
-    first = line(progress, running, capsys)
-    assert re.match(r"\[\s+30 s\] 2/4 trials", first) and "left" not in first  # a guess (every trial 8 epochs) is not shown
-    # trial a ended after 4 epochs (pruned): 6 epochs in 30 s; the two trials not started cost 4 each, b 2 more:
-    # 10 epochs at 5 s each
-    ended = [trial("a", "TERMINATED", 4), trial("b", "RUNNING", 2)]
-    assert re.match(r"\[\s+30 s, ~50 s left\] 2/4 trials: 1 running, 0 complete, 1 pruned", line(progress, ended, capsys))
+def test_halving_cost_by_hand():
+    assert halving_cost([4, 16]) == 4 + 12 / 4  # a quarter of the trials go on from 4 to 16 epochs
+    assert halving_cost([1, 4, 16]) == pytest.approx(1 + 3 / 4 + 12 / 16)  # eta 4: a quarter to 4, a sixteenth to 16
+    assert halving_cost([8]) == 8  # no ladder: every trial trains its budget
+
+
+def test_epochs_left_by_hand():
+    # budgets 2, 8 (eta 4): 2 + 6 / 4 = 3.5 epochs a trial; one trial ended after 8 (promoted): (8 + 4 x 3.5) / 5 = 4.4;
+    # 2 not started (8.8), one at 2 epochs (2.4 more), a re-run not started (8): 19.2
+    assert epochs_left((2, [8], [2]), (1, []), 8, [2]) == pytest.approx(19.2)
+    assert epochs_left((0, [8, 2], []), (0, [3]), 8, [2, 8]) == pytest.approx(5)  # only a re-run's 5 epochs left
+
+
+def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoch(capsys):
+    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, reruns=1)
+    progress.started = time.time() - 30  # 30 s into the study, the first epoch reported 10 s in (Ray's start-up before)
+    progress.first_result, progress.budgets = (time.time() - 20, 0), {2, 8}
+    first = line(progress, [trial("a", "RUNNING", 6), trial("b", "RUNNING", 2)], capsys)
+    assert re.match(r"\[\s+30 s\] 2/4 trials", first) and "left" not in first  # a guess is not shown
+    # a ended after 8 epochs: 10 epochs in the 20 s since the first, 2 s each; 19.2 epochs left (test_epochs_left_by_hand)
+    ended = [trial("a", "TERMINATED", 8), trial("b", "RUNNING", 2)]
+    assert re.match(r"\[\s+30 s, ~38 s left\] 2/4 trials: 1 running, 1 complete, 0 pruned", line(progress, ended, capsys))
+    # the re-run started and trained 3 epochs, b was pruned at 2, and the other two trials ended (2 epochs each):
+    # 5 epochs of the re-run left, at 20 s / 17 epochs
+    done = [trial("a", "TERMINATED", 8), trial("b", "TERMINATED", 2), trial("c", "TERMINATED", 2), trial("d", "TERMINATED", 2)]
+    rerun = trial("r", "RUNNING", 3, confirms_trial=0)
+    assert re.match(r"\[\s+30 s, ~6 s left\] 4/4 trials", line(progress, [*done, rerun], capsys))
