@@ -193,31 +193,31 @@ def mark_pick(study: optuna.Study, summary: StudySummary) -> None:
 
 
 def study_note(summary: StudySummary, metric: str, picked_run: str | None, trials_epochs: str | None) -> str:
-    """The parent run's description (``mlflow.note.content``, Markdown): the pick, its loss, the verdict with the mean
-    and standard error over seeds, what ``study.final --study`` trains, and where the rest is."""
+    """The parent run's description (``mlflow.note.content``, Markdown), short paragraphs with the essentials first
+    (MLflow's run page shows its first lines folded): the pick, its loss, its mean and standard error over seeds and the
+    verdict; what ``study.final --study`` trains; where the rest is."""
     name = summary.study_name
     best, selection = summary.best, summary.selection
     if best is None:
-        return f"**Study {name}**: no trial completed, so nothing was picked. Its trials: the child runs; `trials.csv`."
+        return f"**Study {name}: no trial completed**, so nothing was picked. Its trials: the child runs and `trials.csv`."
     loss = (best.user_attrs.get("config") or {}).get("loss", TrainConfig().loss)
-    who = f"{picked_run}" if picked_run else f"trial {best.number}"
-    lines = [f"**Study {name}: the pick is {who}** (Optuna trial {best.number}), loss `{loss}`."]
+    who = picked_run or f"trial {best.number}"
     if selection is not None:
         winner = selection.winner
         sem = f" ± {winner.sem:.4f} (standard error)" if math.isfinite(winner.sem) else ""
-        lines += [
-            f"- {metric}: mean {winner.mean:.4f}{sem} over {len(winner.scores)} seeds ({', '.join(f'{v:.4f}' for v in winner.scores)})",
-            f"- verdict: {selection.verdict()} (`selection.json`)",
-        ]
+        scores = ", ".join(f"{v:.4f}" for v in winner.scores)
+        score = f"{metric} mean {winner.mean:.4f}{sem} over {len(winner.scores)} seeds ({scores}); {selection.verdict()}"
     else:
-        lines.append(f"- {metric}: {float(best.value):.4f}, one seed (no confirmation re-runs)")
+        score = f"{metric} {float(best.value):.4f}, one seed (no confirmation re-runs)"
     epochs = summary.final_epochs or trials_epochs
-    trained = f" (its trials trained up to {trials_epochs})" if trials_epochs and str(epochs) != str(trials_epochs) else ""
-    lines += [
-        f"- `python -m study.final --study {name}` retrains it for {epochs} epochs{trained} on all training classes, 3 seeds, and tests it",
-        f"- its config: `best_config.yaml`; every trial: `trials.csv`; the report: `python -m study.report --study {name}`",
+    trained = f"; its trials trained up to {trials_epochs}" if trials_epochs and str(epochs) != str(trials_epochs) else ""
+    paragraphs = [
+        f"**Pick of study {name}: {who}** (Optuna trial {best.number}, loss `{loss}`): {score}.",
+        f"Retrain and test it: `python -m study.final --study {name}` ({epochs} epochs{trained}; 3 seeds, on all training classes).",
+        f"Report: `python -m study.report --study {name}`. Its config: `best_config.yaml`; the re-runs: `selection.json`; "
+        "every trial: `trials.csv`.",
     ]
-    return "\n".join(lines)
+    return "\n\n".join(paragraphs)
 
 
 def with_utilization(summary: StudySummary, recorder: TrialRecorder, wall_s: float, slots: int, startup_s: float, since: float):
