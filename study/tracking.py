@@ -136,10 +136,14 @@ def check_store(uri: str, what: str) -> None:
     """What every command writes, checked in seconds before it starts (a UsageError of one line, else MLflow retries for
     minutes or a traceback comes mid-way): the runs folder (``$DML_RUNS_DIR``: logs, spool, reports, the default store)
     takes a new file, ``uri`` is a store MLflow can keep runs in (``check_tracking_uri``) and its server answers
-    (``check_reachable``). ``what``: the command, named in the runs folder's error."""
+    (``check_reachable``); a local store that was moved or copied is bound to where it is (``study.relocate``).
+    ``what``: the command, named in the runs folder's error."""
     check_writable(runs_dir(), f"{what}: the runs folder (${RUNS_DIR_ENV}, default ./runs)")
     check_tracking_uri(uri)
     check_reachable(uri)
+    from study.relocate import rebind_if_moved  # a local store moved or copied names its new folder from here on
+
+    rebind_if_moved(uri)
 
 
 def experiment_artifacts(uri: str, experiment: str) -> str | None:
