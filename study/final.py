@@ -11,6 +11,11 @@ Examples:
   python -m study.final --data-root ../shared/data              # HBN on Omniglot (embedded default)
   python -m study.final --config configs/omniglot_sm.yaml --seeds 3
   python -m study.final --space paper_ablation --seeds 3      # every variant of a grid space, 3 seeds each
+  python -m study.final --study NAME --address auto --gpus-per-trial 1   # each seed a Ray task on a GPU worker
+
+Where the seeds train (study/seeds.py): on a Ray cluster (--address) each seed is a Ray task holding
+--cpus-per-trial CPUs and --gpus-per-trial GPUs, the seeds side by side; on this machine side by side on the
+cores when it has several (each seed's process with its share of torch threads), else one after another.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import itertools
 import json
 import logging
 import math
+import os
 import shlex
+import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,12 +42,13 @@ import mlflow
 import numpy as np
 import torch
 
-from study import console, inputs, names, tracking
+from study import checks, console, inputs, names, seeds, tracking
 from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
 from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.record import StudyRecord
+from study.seeds import EpochReport, Placement, SeedJob, SeedOutput
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
@@ -102,6 +111,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
     )
+    parser.add_argument(
+        "--address",
+        help="train each seed as a task of this running Ray cluster ('auto' on one of its nodes), the seeds side by side; "
+        "default: this machine (side by side on its cores when it has several)",
+    )
+    parser.add_argument(
+        "--cpus-per-trial",
+        type=float,
+        help="with --address: CPUs a seed's task holds, as many torch threads (default: the study's, else 1)",
+    )
+    parser.add_argument(
+        "--gpus-per-trial",
+        type=float,
+        help="with --address: GPUs a seed's task holds; it trains on CUDA when > 0 (default: the study's, else 0)",
+    )
     args = parser.parse_args(argv)
     if sum(bool(x) for x in (args.study, args.config, args.space)) > 1:
         parser.error("--study, --config and --space exclude each other: retrain a study's best config, a config file or a grid space")
@@ -113,6 +137,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
     if args.num_workers < 0:
         parser.error(f"--num-workers {args.num_workers}: expected an integer >= 0")
+    if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
+        parser.error(f"--cpus-per-trial {args.cpus_per_trial}: expected a finite number > 0")
+    if args.gpus_per_trial is not None and not (math.isfinite(args.gpus_per_trial) and args.gpus_per_trial >= 0):
+        parser.error(f"--gpus-per-trial {args.gpus_per_trial}: expected a finite number >= 0")
+    for flag, value in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
+        if value is not None and args.address is None:
+            parser.error(f"{flag} sizes a seed's task on a Ray cluster; give --address (on this machine the seeds share its cores)")
+    if args.device and args.address is not None:
+        parser.error("--device: with --address a seed trains on CUDA when it holds a GPU (--gpus-per-trial), else on CPU")
     names.check_names({"--study": args.study, "--experiment": args.experiment, "--register": args.register})
     return args
 
@@ -169,6 +202,9 @@ class FinalResult:
     parent_run_id: str
     configurations: tuple[ConfigurationResult, ...]
     log: Path | None = None  # where library warnings and logs went
+    experiment: str = ""
+    experiment_id: str = ""  # the MLflow UI's page of the runs names it
+    report: str | None = None  # the study (--study) or grid (--space) that study.report --study turns into a report
 
     @property
     def grid(self) -> bool:
@@ -185,45 +221,43 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def train_seed(config: TrainConfig, splits, device, num_workers: int, workdir: Path, register: str | None, origin: str = "") -> SeedResult:
-    """One child run (the active MLflow run): train, test, histograms, model.
+def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochReport], None]) -> SeedOutput:
+    """Train one seed on all training classes, test it, draw its pictures: in the driver or in a Ray task (study.seeds).
 
-    The test metrics are logged once, after the model, linked to it (see
-    :func:`record_model`); ``origin`` says where the config came from.
+    Touches no MLflow: the driver records the output (:class:`SeedRuns`). ``time_s`` is training and testing.
     """
-    started = time.perf_counter()
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)
+    config, started = job.config, time.perf_counter()
 
-    def on_epoch(epoch: int, metrics: dict[str, float], run: Run) -> None:
-        mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")}, step=epoch)
-        shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
-        if "alpha_now" in metrics:
-            shown += f"  alpha {metrics['alpha_now']:.2f}"
-        if "test_recall_at_1" in metrics:
-            shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
-        print(
-            f"  seed {config.seed}  epoch {epoch:3d}/{config.epochs}  {shown}  lr {metrics['lr_now']:.2e}  "
-            f"({metrics['time/epoch_s']:.1f} s)",
-            flush=True,
-        )
+    def report(epoch: int, metrics: dict[str, float], run: Run) -> None:
+        on_epoch(EpochReport(job.index, epoch, metrics))
 
-    run = fit(config, on_epoch, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=num_workers)
+    device = torch.device(job.device)
+    run = fit(config, report, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=job.num_workers)
     elapsed = time.perf_counter() - started
     test = {k: v for k, v in run.metrics.items() if k.startswith("test_")}
     embeddings = embed(run.model, run.eval_set, run.image_size, run.device).numpy()
     positive, negative = pair_similarities(embeddings, run.eval_set.labels, seed=config.seed)
-    histogram = similarity_histogram(
-        positive, negative, workdir / f"similarity_histogram_seed{config.seed}.png", title=f"test pair similarities, seed {config.seed}"
-    )
-    mlflow.log_artifact(str(histogram))
-    log_embedding_pictures(run, embeddings, workdir)
-    mlflow.log_metric("time/total_s", elapsed)
+    with tempfile.TemporaryDirectory() as tmp:
+        histogram = similarity_histogram(
+            positive,
+            negative,
+            Path(tmp) / f"similarity_histogram_seed{config.seed}.png",
+            title=f"test pair similarities, seed {config.seed}",
+        )
+        pictures = {path.name: path.read_bytes() for path in (histogram, *embedding_pictures(run, embeddings, Path(tmp)))}
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
-    model_uri, registered_uri = record_model(run, {**test, **similarity}, workdir, register, origin)
-    return SeedResult(config.seed, mlflow.active_run().info.run_id, test, elapsed, model_uri, registered_uri)
+    bundle = {k: v for k, v in run.bundle().items() if k not in TRAINING_STATE}
+    bundle["model"] = {k: v.detach().cpu() for k, v in bundle["model"].items()}  # a GPU's weights, read by a driver without one
+    return SeedOutput(job.index, test, similarity, elapsed, bundle, pictures, socket.gethostname())
 
 
-def log_embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> None:
-    """Log the retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings`` (the test set's).
+TRAINING_STATE = ("optimizer", "rng", "sampler", "loss")  # what a run's bundle holds to continue training; the model needs none
+
+
+def embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> tuple[Path, Path]:
+    """The retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings`` (the test set's).
 
     ``study.report`` shows both; neighbours come from the gallery where the dataset has one.
     """
@@ -239,33 +273,34 @@ def log_embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> N
         workdir / f"retrieval_grid_seed{seed}.png",
         title=f"test retrieval, seed {seed}: query, then its 8 nearest neighbours ({int((~correct).sum())} of {correct.size} wrong: red)",
     )
-    tsne = tsne_map(embeddings, queries_set.labels, workdir / f"tsne_seed{seed}.png", seed=seed)
-    for path in (grid, tsne):
-        mlflow.log_artifact(str(path))
+    return grid, tsne_map(embeddings, queries_set.labels, workdir / f"tsne_seed{seed}.png", seed=seed)
 
 
-def record_model(run: Run, test: dict[str, float], workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:
-    """Log ``run``'s model in the active MLflow run, the test metrics linked to it, and a registered version's description.
+def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:
+    """Log the seed's model as ``embedding-seed<k>`` in the active MLflow run (its seed run), the test metrics linked to it,
+    and a registered version's description.
 
     Returns the model's URI and the registered version's (models:/NAME/VERSION, or None).
     """
     from study.pyfunc import log_embedding_model, version_description
 
-    info = log_embedding_model(run, workdir, registered_model_name=register)
-    linked = {k: v for k, v in test.items() if math.isfinite(v)}
-    mlflow.log_metrics(linked, step=run.config.epochs, model_id=info.model_id)
+    config = TrainConfig.from_dict(output.bundle["config"], source="the seed's model")
+    info = log_embedding_model(output.bundle, example, workdir, name=f"embedding-seed{config.seed}", registered_model_name=register)
+    linked = {k: v for k, v in {**output.test, **output.similarity}.items() if math.isfinite(v)}
+    mlflow.log_metrics(linked, step=config.epochs, model_id=info.model_id)
     version = info.registered_model_version
     if not register or version is None:
         return info.model_uri, None
-    description = version_description(run.config, linked, origin or "study.final", mlflow.active_run().info.run_id)
+    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id)
     mlflow.MlflowClient().update_model_version(register, str(version), description=description)
     return info.model_uri, f"models:/{register}/{version}"
 
 
-def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str, str | None]:
-    """The best config of ``study`` (its parent run's best_config.yaml), the parent run's id and the study's data root.
+def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str, StudyRecord]:
+    """The best config of ``study`` (its parent run's best_config.yaml), the parent run's id and the study's record.
 
-    The data root is the parent run's ``data_root`` param (None for a study that did not record one).
+    The record gives the study's data root (``data_root``, None for a study that did not record one) and its trials'
+    resources, which a seed's task on a cluster holds by default.
     The epochs are ``epochs`` (--epochs), else the study's ``final_epochs`` param (its space's
     final_budget_factor x the trials' epochs), else the trials' own.
     """
@@ -292,7 +327,7 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     if epochs is not None or record.final_epochs:
         values = {**values, "epochs": epochs if epochs is not None else record.final_epochs}
     config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
-    return config, parent.info.run_id, record.data_root
+    return config, parent.info.run_id, record
 
 
 def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:
@@ -334,6 +369,7 @@ class FinalPlan:
     space: str | None = None
     register: str | None = None  # registry name of the first seed's model
     data_root: str | None = None  # the study's own (--study), used without --data-root and $DML_DATA_ROOT
+    trial_resources: tuple[float, float] = (1.0, 0.0)  # CPUs and GPUs of the study's trials (--study), a seed's task's by default
 
     @property
     def grid(self) -> bool:
@@ -358,7 +394,7 @@ class FinalPlan:
 def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
     """Resolve the command line into a plan; raises the input errors (nothing is created but, for --study, the experiment)."""
     if args.study:
-        config, parent_id, data_root = study_config(args.study, args.experiment, args.epochs, uri)
+        config, parent_id, record = study_config(args.study, args.experiment, args.epochs, uri)
         return FinalPlan(
             args.study,
             ((args.study, config),),
@@ -368,7 +404,8 @@ def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
             parent_run_id=parent_id,
             study=args.study,
             register=args.register or f"{args.study}-embedding",
-            data_root=data_root,
+            data_root=record.data_root,
+            trial_resources=(record.cpus_per_trial, record.gpus_per_trial),
         )
     if args.space:
         configurations, name = space_configs(args.space, args.epochs)
@@ -379,6 +416,16 @@ def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
     config, name = load_config(args.config, args.epochs)
     source, run_name = args.config or f"configs/{DEFAULT_CONFIG}", args.run_name or f"final-{name}"
     return FinalPlan(name, ((name, config),), args.seeds, args.experiment, source, run_name, register=args.register)
+
+
+def placement_of(args: argparse.Namespace, plan: FinalPlan, device: torch.device) -> Placement:
+    """Where the seeds train: tasks of the Ray cluster at --address holding the trials' resources, else as
+    ``seeds.local_placement`` rules for this machine's cores."""
+    if args.address is not None:
+        cpus, gpus = plan.trial_resources
+        cpus = cpus if args.cpus_per_trial is None else args.cpus_per_trial
+        return seeds.cluster_placement(args.address, cpus, gpus if args.gpus_per_trial is None else args.gpus_per_trial)
+    return seeds.local_placement(len(os.sched_getaffinity(0)), plan.seeds, device.type)
 
 
 def resolve_device(flag: str | None) -> torch.device:
@@ -432,44 +479,96 @@ def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan
 
 @dataclass(frozen=True)
 class Target:
-    """Where and how the seed runs train: the MLflow experiment and parent run, the device, a scratch folder."""
+    """Where and how the seed runs train: the MLflow experiment and parent run, the placement, a scratch folder."""
 
     experiment_id: str
     parent_id: str
-    device: torch.device
+    placement: Placement
+    device: torch.device  # in the driver and on this machine; a cluster's task trains on CUDA when it holds a GPU
     num_workers: int
     workdir: Path
+    data_root: str | None  # where a task on a cluster's node loads the dataset
+
+
+class SeedRuns:
+    """The driver's side of one configuration's seeds (a ``study.seeds.SeedRecorder``): a child run each, opened as its
+    seed starts, its epochs logged and printed as they come, its output recorded (pictures, model, test metrics)."""
+
+    def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray, started: list[str]) -> None:
+        self.plan, self.name, self.target, self.register, self.example, self.started = plan, name, target, register, example, started
+        self.client = mlflow.MlflowClient()
+        self.run_ids: dict[int, str] = {}
+        self.jobs: dict[int, SeedJob] = {}
+        self.results: dict[int, SeedResult] = {}
+
+    def start(self, job: SeedJob) -> None:
+        config, target = job.config, self.target
+        tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(config.seed), "mlflow.parentRunId": target.parent_id}
+        if self.plan.study:
+            tags["study_name"] = self.plan.study
+        if self.plan.grid:
+            tags["configuration"] = self.name
+        run = self.client.create_run(target.experiment_id, run_name=self.plan.seed_run_name(self.name, config.seed), tags=tags)
+        self.run_ids[job.index] = run.info.run_id
+        self.jobs[job.index] = job
+        self.started.append(run.info.run_id)
+        self.client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items()])
+
+    def epoch(self, report: EpochReport) -> None:
+        metrics, now = report.metrics, int(time.time() * 1000)
+        logged = [
+            mlflow.entities.Metric(k, v, now, report.epoch) for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")
+        ]
+        self.client.log_batch(self.run_ids[report.index], metrics=logged)
+        shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
+        if "alpha_now" in metrics:
+            shown += f"  alpha {metrics['alpha_now']:.2f}"
+        if "test_recall_at_1" in metrics:
+            shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
+        config = self.jobs[report.index].config
+        print(
+            f"  seed {config.seed}  epoch {report.epoch:3d}/{config.epochs}  {shown}  "
+            f"lr {metrics['lr_now']:.2e}  ({metrics['time/epoch_s']:.1f} s)",
+            flush=True,
+        )
+
+    def done(self, output: SeedOutput) -> None:
+        """The seed's run gets its pictures, time, model (registered for the first seed) and linked test metrics, then ends."""
+        run_id, workdir = self.run_ids[output.index], self.target.workdir
+        origin = f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
+        with mlflow.start_run(run_id=run_id):
+            try:
+                mlflow.set_tag("node", output.node)
+                for file, data in output.pictures.items():
+                    (workdir / file).write_bytes(data)
+                    mlflow.log_artifact(str(workdir / file))
+                mlflow.log_metric("time/total_s", output.time_s)
+                register = self.register if output.index == 0 else None
+                model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
+            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
+                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
+                mlflow.end_run(status="KILLED")
+                raise
+        seed = self.jobs[output.index].config.seed
+        self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri)
 
 
 def train_configuration(
     plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None, started: list[str]
 ) -> ConfigurationResult:
-    """Train ``config`` over the plan's seeds, one child run each; the run ids are appended to ``started``."""
-    results: list[SeedResult] = []
-    for i in range(plan.seeds):
-        seed_config = config.replace(seed=config.seed + i)
-        tags = {
-            **tracking.reproducibility_tags(),
-            "kind": "final_seed",
-            "seed": str(seed_config.seed),
-            "mlflow.parentRunId": target.parent_id,
-        }
-        if plan.study:
-            tags["study_name"] = plan.study
-        if plan.grid:
-            tags["configuration"] = name
-        run_name = plan.seed_run_name(name, seed_config.seed)
-        with mlflow.start_run(experiment_id=target.experiment_id, run_name=run_name, tags=tags) as run:
-            started.append(run.info.run_id)
-            mlflow.log_params(seed_config.to_dict())
-            origin = f"study {plan.study} (parent run {target.parent_id})" if plan.study else plan.source_of(name)
-            registered = register if i == 0 else None
-            try:
-                results.append(train_seed(seed_config, splits, target.device, target.num_workers, target.workdir, registered, origin))
-            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
-                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
-                mlflow.end_run(status="KILLED")
-                raise
+    """Train ``config`` over the plan's seeds where the target's placement says, one child run each; the run ids are
+    appended to ``started``."""
+    from study.pyfunc import input_example
+
+    placement = target.placement
+    device = ("cuda" if placement.gpus > 0 else "cpu") if placement.address else str(target.device)
+    jobs = [
+        SeedJob(i, config.replace(seed=config.seed + i), device, target.num_workers, placement.threads, target.data_root)
+        for i in range(plan.seeds)
+    ]
+    runs = SeedRuns(plan, name, target, register, input_example(splits.test), started)
+    seeds.train_seeds(jobs, placement, splits, runs, train_seed)
+    results = [runs.results[i] for i in range(plan.seeds)]
     summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
     return ConfigurationResult(name, config, tuple(results), summary)
 
@@ -507,26 +606,33 @@ def train_plan(
 def run_final(args: argparse.Namespace) -> FinalResult:
     """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     plan = make_plan(args, uri)
     device = resolve_device(args.device)
     data_root = tracking.resolve_data_root(args.data_root) or plan.data_root
     splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
     experiment_id = tracking.setup(uri, plan.experiment)
     client = mlflow.MlflowClient(uri)
+    placement = placement_of(args, plan, device)
     first = plan.configurations[0][1]
     what = f"{len(plan.configurations)} configurations of {plan.name}" if plan.grid else f"{plan.name}: {first.loss}"
-    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}, device {device}")
-    parent_id = open_parent(client, experiment_id, plan)
-    started: list[str] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            outcomes = train_plan(client, plan, splits, Target(experiment_id, parent_id, device, args.num_workers, Path(tmp)), started)
-    except BaseException as error:
-        mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
-        raise
+    shown = "" if placement.address else f", device {device}"
+    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}{shown}")
+    print(f"the seeds train {placement.describe()}", flush=True)
+    with seeds.session(placement):  # on a cluster, checks that a node holds one seed's task before any run exists
+        parent_id = open_parent(client, experiment_id, plan)
+        started: list[str] = []
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root)
+                outcomes = train_plan(client, plan, splits, target, started)
+        except BaseException as error:
+            mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
+            raise
     if plan.parent_run_id is None:
         client.set_terminated(parent_id, status="FINISHED")
-    return FinalResult(plan.name, uri, parent_id, outcomes)
+    report = plan.study or (plan.run_name if plan.grid else None)
+    return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
 
 
 # One 8 x 8 image, (N, H, W) = (1, 8, 8): a dark cross on white, drawn as Omniglot draws strokes; small enough to type.
@@ -569,13 +675,22 @@ def print_grid_summary(result: FinalResult) -> None:
     for c in result.configurations:
         cells = "".join(f"{c.summary[k + '_mean']:>10.4f} +-{c.summary[k + '_std']:.3f}" for k in keys)
         print(f"  {c.name:<28}{cells}")
-    print(f"\nparent run: {result.parent_run_id}  (report: {console.python_command('study.report')} --study {result.name})")
+    print(f"\nparent run: {result.parent_run_id}")
     print_next(result)
 
 
+def report_command(result: FinalResult) -> str:
+    """``python -m study.report --study NAME`` for the study or grid this command trained (with a remote store's URI)."""
+    command = f"{console.python_command('study.report')} --study {result.report}"
+    return command if tracking.is_local_sqlite(result.uri) else f"{command} --tracking-uri {shlex.quote(inputs.redacted(result.uri))}"
+
+
 def print_next(result: FinalResult) -> None:
-    """The MLflow UI command, the serve commands and where library warnings went."""
-    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(result.uri))}")
+    """The MLflow UI command with the address of the experiment's runs table, the report command (a study's or a grid's),
+    the serve commands and where library warnings went."""
+    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(result.uri), result.experiment_id or None)}")
+    if result.report:
+        print(f"write the report (tables, curves, retrieval grids, t-SNE maps):  {report_command(result)}")
     print_serving(result)
     if result.log:
         print(f"\nwarnings and library logs: {result.log}")

@@ -47,7 +47,7 @@ import trainables
 from trainables.core.checkpoint import CheckpointError, load_bundle, save_bundle
 from trainables.core.config import TrainConfig
 from trainables.core.data import ImageSet, as_uint8_images
-from trainables.core.engine import Run, build_model
+from trainables.core.engine import build_model
 from trainables.core.transforms import preprocess_batch
 
 INPUT_NAME = "images"
@@ -139,13 +139,14 @@ def pinned_requirements() -> list[str]:
     return pins
 
 
-def log_embedding_model(run: Run, workdir: Path, name: str = "model", registered_model_name: str | None = None):
-    """Log ``run``'s model under the active MLflow run, with signature, input example and pinned requirements.
+def log_embedding_model(bundle: dict[str, Any], example: np.ndarray, workdir: Path, name: str, registered_model_name: str | None = None):
+    """Log the model of ``bundle`` (a run's bundle without its training state: config, weights, kind, image size) as
+    ``name`` under the active MLflow run, with signature, input example (``input_example``) and pinned requirements.
 
     Returns MLflow's ModelInfo (``model_id``, ``model_uri``, ``registered_model_version``).
     """
-    bundle = {k: v for k, v in run.bundle().items() if k not in ("optimizer", "rng", "sampler", "loss")}
-    path = save_bundle(bundle, workdir / "embedding_model.pt")
+    path = save_bundle(bundle, workdir / f"{name}.pt")
+    embedding_dim = TrainConfig.from_dict(bundle["config"], source=name).embedding_dim
     code = [str(Path(trainables.__file__).parent), str(Path(study.__file__).parent)]
     quiet = logging.getLogger("mlflow.pyfunc")
     level = quiet.level
@@ -159,8 +160,8 @@ def log_embedding_model(run: Run, workdir: Path, name: str = "model", registered
                 artifacts={"bundle": str(path)},
                 code_paths=code,
                 registered_model_name=registered_model_name,
-                signature=signature(run.config.embedding_dim),
-                input_example=input_example(run.eval_set),
+                signature=signature(embedding_dim),
+                input_example=example,
                 pip_requirements=pinned_requirements(),
             )
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -22,7 +23,7 @@ import torch
 import yaml
 from PIL import Image
 
-from study import final
+from study import final, seeds
 from tests.conftest import ROOT, omniglot_root, wait_for
 
 TINY = {
@@ -97,32 +98,50 @@ def test_a_trial_worker_imports_no_scikit_learn():
 
 
 @pytest.mark.slow
-def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys):
+def test_seeds_trained_side_by_side_are_recorded_as_one_after_another_even_when_a_worker_dies(tmp_path, runs, capsys, monkeypatch):
+    """Two seeds as tasks of a local Ray (study.seeds); the worker of one dies after reporting its first epoch, as it
+    would with its node (the fault injection of study.seeds). Ray runs that seed again; what is recorded is what one
+    seed after another in the driver recorded: a run per seed with one value per epoch, the parent's mean and spread,
+    the pictures, each seed's model named embedding-seed<k>, the first one registered."""
+    marker = tmp_path / "lost-a-worker"
+    monkeypatch.setenv(seeds.FAULT_ENV, str(marker))
+    monkeypatch.setattr(seeds, "local_placement", lambda cores, n, device: seeds.Placement(parallel=True, threads=1, local_cpus=2.0))
     config = write_config(tmp_path / "tiny.yaml")
     uri = f"sqlite:///{runs / 'mlflow.db'}"
-    assert final.main(["--config", str(config), "--seeds", "2", "--tracking-uri", uri, "--experiment", "e"]) == 0
+    argv = ["--config", str(config), "--seeds", "2", "--tracking-uri", uri, "--experiment", "e", "--register", "tiny-embedding"]
+    assert final.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"mlflow ui --backend-store-uri {uri}" in out
-    assert "epoch   2/2" in out
+    assert marker.is_file()  # a worker died mid-seed: without the retry the command would have failed
+    assert "side by side as tasks of a local Ray" in out and "epoch   2/2" in out
+    assert f"mlflow ui --backend-store-uri {uri}, then open http://127.0.0.1:5000/#/experiments/" in out
+    assert "study.report" not in out  # a config file's runs make no study report
+    assert_final_records(uri, [0, 1], "tiny-embedding", tmp_path)
 
+
+def assert_final_records(uri: str, seed_values: list[int], registered: str, tmp_path: Path) -> None:
+    """study.final's records of one configuration: the parent FINISHED with the seeds' mean and spread, its config and
+    results; a FINISHED child run per seed with one train_loss per epoch, test metrics, pictures and its model
+    ``embedding-seed<k>``; the first seed's model registered as ``registered``, and it embeds raw images."""
     client, found = all_runs(uri)
     parents = [r for r in found if r.data.tags.get("kind") == "final"]
-    seeds = [r for r in found if r.data.tags.get("kind") == "final_seed"]
-    assert len(parents) == 1 and len(seeds) == 2
+    seed_runs = sorted((r for r in found if r.data.tags.get("kind") == "final_seed"), key=lambda r: int(r.data.params["seed"]))
+    assert len(parents) == 1 and [int(r.data.params["seed"]) for r in seed_runs] == seed_values
     parent = parents[0]
     assert parent.info.status == "FINISHED"
-    assert {r.data.tags["mlflow.parentRunId"] for r in seeds} == {parent.info.run_id}
-    assert sorted(int(r.data.params["seed"]) for r in seeds) == [0, 1]
+    assert {r.data.tags["mlflow.parentRunId"] for r in seed_runs} == {parent.info.run_id}
+    models = {m.source_run_id: m for m in client.search_logged_models([parent.info.experiment_id])}
     per_seed = []
-    for run in seeds:
+    for run in seed_runs:
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "train_loss")
         assert sorted(m.step for m in history) == [1, 2]  # one value per epoch, step = epoch
         assert 0.0 <= run.data.metrics["test_recall_at_1"] <= 1.0
         per_seed.append(run.data.metrics["test_recall_at_1"])
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert any(p.startswith("similarity_histogram") and p.endswith(".png") for p in artifacts)
+        seed = run.data.params["seed"]
+        assert {f"similarity_histogram_seed{seed}.png", f"retrieval_grid_seed{seed}.png", f"tsne_seed{seed}.png"} <= artifacts
         assert run.data.params["normalization"] == "bn"
+        assert models[run.info.run_id].name == f"embedding-seed{seed}"
     # the parent's mean and spread are those of the seeds' test metrics
     assert parent.data.metrics["test_recall_at_1_mean"] == pytest.approx(np.mean(per_seed))
     assert parent.data.metrics["test_recall_at_1_std"] == pytest.approx(np.std(per_seed, ddof=1))
@@ -130,7 +149,15 @@ def test_final_records_runs_metrics_histograms_and_model(tmp_path, runs, capsys)
     resolved = yaml.safe_load(download(uri, parent.info.run_id, "config.yaml", tmp_path / "dl").read_text())
     assert resolved["embedding_dim"] == 16 and resolved["loss"] == "softmax"
     results = json.loads(download(uri, parent.info.run_id, "results.json", tmp_path / "dl2").read_text())
-    assert_model_embeds_raw_images(uri, results["per_seed"][0]["model_uri"], tmp_path)
+    first = results["per_seed"][0]
+    assert (first["seed"], first["run_id"], first["registered_uri"]) == (
+        seed_values[0],
+        seed_runs[0].info.run_id,
+        f"models:/{registered}/1",
+    )
+    version = client.get_model_version(registered, "1")
+    assert version.run_id == seed_runs[0].info.run_id and f"seed {seed_values[0]}" in version.description
+    assert_model_embeds_raw_images(uri, first["registered_uri"], tmp_path)
 
 
 def download(uri: str, run_id: str, name: str, dst: Path) -> Path:
@@ -400,15 +427,16 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     assert final_epochs("--space", "smoke") == 4  # no factor: the trials' epochs
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_stopped_final_leaves_no_run_running(tmp_path, signum):
+@pytest.mark.parametrize(("signum", "n_seeds"), [(signal.SIGTERM, 1), (signal.SIGHUP, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+def test_a_stopped_final_leaves_no_run_running(tmp_path, signum, n_seeds):
     """SIGTERM, SIGHUP or SIGINT to study.final mid-seed: exit 128 + signum, one line naming the signal, its runs KILLED.
+    One seed trains in the driver; two, on a machine of several cores, as tasks of a local Ray (study.seeds).
 
     Waits on events (the seed's first epoch in MLflow, the process's exit), never on a fixed sleep.
     """
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = write_config(tmp_path / "long.yaml", epochs=500)  # far longer than the wait for its first epoch
-    argv = [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", uri, "--seeds", "1"]
+    argv = [sys.executable, "-m", "study.final", "--config", str(config), "--tracking-uri", uri, "--seeds", str(n_seeds)]
     driver = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: logged_epochs(tmp_path / "mlflow.db") > 0, 600, "study.final's first epoch", process=driver)
@@ -421,9 +449,9 @@ def test_a_stopped_final_leaves_no_run_running(tmp_path, signum):
     assert f"study.final stopped by {name}" in err.strip().splitlines()[-1], err
     found = all_runs(uri)[1]
     parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
-    seeds = [r for r in found if "mlflow.parentRunId" in r.data.tags]
-    assert [r.info.status for r in parents + seeds] == ["KILLED", "KILLED"]
-    assert seeds[0].data.tags["failure_reason"] == f"stopped by {name}"
+    seed_runs = [r for r in found if "mlflow.parentRunId" in r.data.tags]
+    assert [r.info.status for r in parents + seed_runs] == ["KILLED"] * (1 + n_seeds)
+    assert [r.data.tags["failure_reason"] for r in seed_runs] == [f"stopped by {name}"] * n_seeds
 
 
 def logged_epochs(db: Path) -> int:
@@ -522,3 +550,69 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     grid = capsys.readouterr().out
     assert "g: test metrics over 2 seed(s), mean +- std" in grid
     assert [line.split()[0] for line in grid.splitlines() if line.startswith("  s1 ") or line.startswith("  b ")] == ["s1", "b"]
+
+
+# -- where the seeds train (study.seeds) and the closing lines ----------------------------------------------------------
+
+
+def test_the_local_rule_trains_the_seeds_side_by_side_on_several_cores_with_a_share_of_the_threads():
+    """README (study.final section) has the measurement behind the rule; a GPU, one seed or one core: in the driver."""
+    two_cores = seeds.local_placement(2, 3, "cpu")
+    assert two_cores.parallel and two_cores.address is None and two_cores.threads == 1 and two_cores.local_cpus == 3.0
+    assert seeds.local_placement(16, 3, "cpu").threads == 5
+    assert seeds.local_placement(2, 2, "cpu").threads == 1
+    for cores, n, device in ((1, 3, "cpu"), (2, 1, "cpu"), (16, 3, "cuda")):
+        assert seeds.local_placement(cores, n, device) == seeds.Placement(parallel=False), (cores, n, device)
+
+
+def test_a_clusters_seed_task_holds_the_studys_trial_resources_unless_the_flags_say_otherwise(tmp_path):
+    config = str(write_config(tmp_path / "tiny.yaml"))
+    plan = final.make_plan(final.parse_args(["--config", config]), "sqlite:///unused.db")
+    study_plan = dataclasses.replace(plan, trial_resources=(2.0, 0.5))  # a study recorded with --cpus-per-trial 2 --gpus-per-trial 0.5
+
+    def placed(*flags: str) -> tuple:
+        p = final.placement_of(final.parse_args(["--config", config, *flags]), study_plan, torch.device("cpu"))
+        return p.parallel, p.address, p.cpus, p.gpus, p.threads
+
+    assert placed("--address", "10.0.0.5:6379") == (True, "10.0.0.5:6379", 2.0, 0.5, 2)
+    assert placed("--address", "auto", "--cpus-per-trial", "4", "--gpus-per-trial", "1") == (True, "auto", 4.0, 1.0, 4)
+    here = seeds.local_placement(len(os.sched_getaffinity(0)), 3, "cpu")
+    assert placed() == (here.parallel, None, here.cpus, here.gpus, here.threads)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--cpus-per-trial", "2"], "--cpus-per-trial sizes a seed's task on a Ray cluster; give --address"),
+        (["--gpus-per-trial", "1"], "--gpus-per-trial sizes a seed's task on a Ray cluster; give --address"),
+        (["--address", "auto", "--cpus-per-trial", "0"], "--cpus-per-trial 0.0: expected a finite number > 0"),
+        (["--address", "auto", "--gpus-per-trial", "nan"], "--gpus-per-trial nan: expected a finite number >= 0"),
+        (["--address", "auto", "--device", "cuda"], "--device: with --address a seed trains on CUDA when it holds a GPU"),
+    ],
+)
+def test_placement_flags_are_checked_before_anything_starts(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exited:
+        final.parse_args(argv)
+    assert exited.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(capsys):
+    """Issue 32, findings 1 and 6: the UI line ends with the address of the experiment's runs table (MLflow 3.17 opens
+    its GenAI views otherwise); a study's final training (and a grid's) names study.report, a config file's does not."""
+    config = final.TrainConfig.from_dict(TINY)
+    seeds_done = (seed_result(0, 0.6, registered="models:/s1-embedding/1"),)
+    only = final.ConfigurationResult(
+        "s1", config, seeds_done, final.summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0}
+    )
+    final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
+    out = capsys.readouterr().out
+    assert (
+        "ui --backend-store-uri sqlite:///x.db, then open http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning" in out
+    )
+    assert out.count(" -m study.report --study s1") == 1 and "--tracking-uri" not in out.split("study.report")[1].splitlines()[0]
+    final.print_summary(final.FinalResult("s1", "http://10.0.0.1:5000", "p", (only,), experiment_id="7", report="s1"))
+    out = capsys.readouterr().out
+    assert "open http://10.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning in a browser" in out
+    assert " -m study.report --study s1 --tracking-uri http://10.0.0.1:5000" in out
+    final.print_summary(final.FinalResult("tiny", "sqlite:///x.db", "p", (only,), experiment_id="7"))
+    assert "study.report" not in capsys.readouterr().out

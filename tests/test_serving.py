@@ -273,6 +273,7 @@ def check_logged_model(uri: str, registered: str) -> str:
     assert "study s1" in version.description and "recall_at_1" in version.description and "```yaml" in version.description
     info = mlflow.models.get_model_info(registered)
     logged = client.get_logged_model(info.model_id)
+    assert logged.name == "embedding-seed0"  # issue 32, finding 8: each seed's model by its seed, not three called "model"
     assert {m.key for m in logged.metrics} >= {"test_recall_at_1", "test_nmi", "test_positive_similarity_mean"}
     assert info.signature.inputs.input_names() == ["images"] and info.saved_input_example_info is not None
     folder = Path(mlflow.artifacts.download_artifacts(registered, tracking_uri=uri))
