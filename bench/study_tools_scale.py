@@ -14,7 +14,7 @@ timed from process start to exit:
 * ``python -m study.final --study NAME``, up to the moment it starts training (its line ``final training of ...``):
   the pick read from the records, the config rebuilt; it is then stopped (SIGINT, as a user's Ctrl-C);
 * the MLflow UI: ``mlflow server`` on the study's store (loopback, a free port), then headless Chromium
-  (bench/browser.py) opens the printed runs-table address: the time until the table shows rows of the study's runs.
+  (tests/browser.py) opens the printed runs-table address: the time until the table shows rows of the study's runs.
 
 One JSON line per command goes to docs/bench/study_tools_scale.jsonl with the study's trial count, the commit,
 the load average before and after, and the command.
@@ -74,7 +74,7 @@ def free_port() -> int:
 def mlflow_ui(runs: Path, study: str, limit_s: float) -> dict[str, Any]:
     import mlflow
 
-    from bench.browser import Browser
+    from tests.browser import Browser
 
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     parent = client.search_runs(

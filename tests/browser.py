@@ -80,15 +80,17 @@ class Browser:
         result = self.command("Runtime.evaluate", {"expression": expression, "returnByValue": True}, self.session)
         return result.get("result", {}).get("value")
 
-    def time_until(self, url: str, ready: str, timeout_s: float, every_s: float = 0.1) -> float:
-        """Seconds from navigating to ``url`` until the expression ``ready`` is true in the page."""
-        started = time.monotonic()
+    def navigate(self, url: str) -> None:
         self.command("Page.navigate", {"url": url}, self.session)
-        while time.monotonic() - started < timeout_s:
-            if self.evaluate(f"Boolean({ready})"):
-                return time.monotonic() - started
-            time.sleep(every_s)
-        raise TimeoutError(f"{url}: {ready} not true after {timeout_s:g} s")
+
+    def time_until(self, url: str, ready: str, timeout_s: float, every_s: float = 0.1) -> float:
+        """Seconds from navigating to ``url`` until the JavaScript expression ``ready`` is true in the page."""
+        from tests.conftest import wait_for
+
+        started = time.monotonic()
+        self.navigate(url)
+        wait_for(lambda: bool(self.evaluate(f"Boolean({ready})")), timeout_s, f"{ready} at {url}", every_s=every_s)
+        return time.monotonic() - started
 
     def screenshot(self, path: str) -> None:
         import base64

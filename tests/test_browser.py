@@ -1,0 +1,111 @@
+"""What the project serves to a browser, checked in a real one (issue 32): headless Chromium (tests/browser.py) opens a
+study's report.html and the MLflow UI at the address a study prints, and reads the rendered pages.
+
+Chromium is Debian's ``chromium`` (``.ci/run`` installs it, as README's development set-up does). Without it the tests
+are skipped on a developer's machine and fail in CI (``$CI`` set), where it must be there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from study import console, launch, report
+from tests.conftest import wait_for
+from tests.test_launch import use_runs
+
+pytestmark = pytest.mark.slow
+
+if shutil.which("chromium") is None and not os.environ.get("CI"):
+    pytest.skip("no chromium on PATH (apt-get install chromium); CI installs it", allow_module_level=True)
+
+from tests.browser import Browser  # noqa: E402  (after the skip: it needs chromium)
+
+STUDY = "seen"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished rehearsal study (3 trials) and its report, in a runs folder of this module."""
+    runs = tmp_path_factory.mktemp("browser") / "runs"
+    undo = use_runs(runs)
+    try:
+        argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "3", "--confirm-seeds", "0"]
+        assert launch.main([*argv, "--study-name", STUDY]) == 0
+        assert report.main(["--study", STUDY]) == 0
+        yield runs
+    finally:
+        undo()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with Browser() as b:
+        yield b
+
+
+def test_the_report_page_shows_every_image_and_no_broken_link(finished, browser):
+    page = finished / "reports" / STUDY / "report.html"
+    browser.navigate(page.as_uri())
+    wait_for(lambda: browser.evaluate("document.readyState") == "complete", 60, "report.html to load")
+    images = browser.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight])")
+    assert len(images) >= 3, images  # importances, parallel coordinates, learning curves
+    assert all(complete and width > 100 and height > 100 for _, complete, width, height in images), images
+    links = browser.evaluate("Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))")
+    local = [h for h in links if not re.match(r"^(https?:|mailto:|#)", h)]
+    missing = [h for h in local if not (page.parent / h.split("#")[0]).exists()]
+    assert not missing, missing
+    assert STUDY in browser.evaluate("document.body.innerText")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_the_printed_mlflow_address_opens_the_runs_table_of_the_study(finished, browser):
+    store = f"sqlite:///{finished / 'mlflow.db'}"
+    client = mlflow.MlflowClient(store)
+    parent = client.search_runs([e.experiment_id for e in client.search_experiments()], f"tags.study_name = '{STUDY}'")
+    parent = [r for r in parent if r.data.tags.get("kind") == "study"][0]
+    printed = console.ui_command(store, parent.info.experiment_id)  # what the study's last lines say
+    page = re.search(r"http://127\.0\.0\.1:5000/(\S+)$", printed).group(1)
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, "--backend-store-uri", store, "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), 300, "the MLflow server", process=server)
+        browser.navigate(f"http://127.0.0.1:{port}/{page}")
+        row = f"document.querySelector('a[href*=\"/runs/{parent.info.run_id}\"]')"  # the study's parent run, a row
+        wait_for(lambda: browser.evaluate(f"{row} !== null && /matching runs/.test(document.body.innerText)"), 180, "the runs table")
+        text = browser.evaluate("document.body.innerText")
+        assert "Run Name" in text and STUDY in text  # the runs table (not the GenAI overview), with the study's parent
+        assert re.search(r"\b4 matching runs", text), text[:2000]  # the parent and its 3 trials
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
