@@ -55,11 +55,14 @@ def optuna_plot(path: Path, title: str, draw: Callable[[], Any]) -> Path:
 
 
 def trials_table(study: optuna.Study, children: dict[str, Any], metric: str, path: Path) -> Path:
-    """``trials.csv``: number, ``metric``, state, params, user attrs, epochs reported and MLflow run id of each trial."""
+    """``trials.csv``: number, ``metric``, state, params (blank where a trial did not sample one), user attrs (the
+    epochs it trained over every budget: ``user_attrs_epochs_trained``), the epochs of the schedule it finished and
+    its MLflow run id, one row per trial."""
     trials = study.get_trials(deepcopy=False)
     frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
     frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_config", "user_attrs_mlflow_run_id")])
-    frame["epochs"] = [len(t.intermediate_values) for t in trials]
+    # the schedule the trial finished: the last step of its intermediate values, an epoch or, on a ladder, a budget
+    frame["epochs"] = [max(t.intermediate_values, default=0) for t in trials]
     frame["mlflow_run_id"] = [
         children[t.user_attrs["tune_trial_id"]].info.run_id if t.user_attrs.get("tune_trial_id") in children else "" for t in trials
     ]

@@ -344,12 +344,24 @@ def top_trials(
     keys = set().union(*params.values()) if trials else set()
     varying = sorted(k for k in keys if k != "seed" and len({p.get(k) for p in params.values()}) > 1)
     cells = tuple(
-        (key, f"{value:.4f}", f"{len(histories[key])}", *(_fmt(params[r.info.run_id].get(k, "")) for k in varying))
+        (key, f"{value:.4f}", f"{schedule_epochs(r, histories[key])}", *(_fmt(params[r.info.run_id].get(k, "")) for k in varying))
         for value, key, r in rows[:top]
     )
     table = Table(("trial", metric, "epochs", *varying), cells)
-    blank = Paragraph("A blank cell: a parameter the trial did not train with (the other loss's, or one its schedule leaves unused).")
-    return [Heading(2, f"Top trials by {metric}"), table, *([blank] if rows else [Paragraph("(no complete trial)")])]
+    notes = Paragraph(
+        "epochs: the length of the schedule the trial finished, its budget. On a ladder of budgets a promoted trial "
+        "trained more: it went on from its checkpoint taken before the tail (heating, lr decay) of the shorter budget it "
+        "was judged at, so that tail was trained and left behind, and its MLflow steps (epochs trained) run past its "
+        "budget. A blank cell: a parameter the trial did not train with (the other loss's, or one its schedule leaves unused)."
+    )
+    return [Heading(2, f"Top trials by {metric}"), table, *([notes] if rows else [Paragraph("(no complete trial)")])]
+
+
+def schedule_epochs(run, history: dict[int, float]) -> int:
+    """The epochs of the schedule a trial's run finished: its last ``completed_budget`` on a ladder of budgets (where its
+    steps count every epoch trained, retrained tails included), else its epochs recorded."""
+    completed = run.data.metrics.get("completed_budget")
+    return int(completed) if completed else len(history)
 
 
 def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[Block]:

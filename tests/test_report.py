@@ -424,7 +424,7 @@ def test_every_search_reads_every_page():
 
 
 def trial_run(name: str, params: dict, **tags):
-    return SimpleNamespace(info=SimpleNamespace(run_id=name, run_name=name), data=SimpleNamespace(params=params, tags=tags))
+    return SimpleNamespace(info=SimpleNamespace(run_id=name, run_name=name), data=SimpleNamespace(params=params, tags=tags, metrics={}))
 
 
 def test_the_top_trials_leave_a_param_the_trial_did_not_train_with_blank():

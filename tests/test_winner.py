@@ -5,6 +5,7 @@ params it trained with; the study's closing lines name the report command."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import shutil
@@ -146,11 +147,27 @@ def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_bl
     by_name = {r.info.run_name: r for r in children}
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
     assert rows and "ice_scale" in header
+    # epochs: the budget of the schedule each (complete) trial finished, though its MLflow steps count 1 + 4 epochs
+    steps = {len(client.get_metric_history(by_name[row[0]].info.run_id, METRIC)) for row in rows}
+    assert {row[2] for row in rows} == {"4"} and steps == {5}
     for row in rows:
         run = by_name[row[0]]
         active = run.data.tags["active_params"].split(",")
         for name, cell in zip(header[3:], row[3:]):
             assert (cell == "") == (name not in active), (row[0], name, cell)
+
+
+def test_trials_csv_gives_the_schedule_each_trial_finished(rehearsed, tmp_path):
+    """Budgets 1 and 4: a complete trial finished the 4-epoch schedule, a pruned one the 1-epoch one; a param a trial
+    did not sample is blank (ICE: no alpha; softmax: no ice_scale)."""
+    runs, _ = rehearsed
+    client, parent, _, study = study_records(runs, STUDY)
+    rows = list(csv.DictReader(open(client.download_artifacts(parent[0].info.run_id, "trials.csv", str(tmp_path)))))
+    assert [int(r["number"]) for r in rows] == [t.number for t in study.trials]
+    for row in rows:
+        assert row["epochs"] == {"COMPLETE": "4", "PRUNED": "1"}[row["state"]], row
+        assert (row["params_alpha"] == "") == (row["params_loss"] == "ice")
+        assert (row["params_ice_scale"] == "") == (row["params_loss"] == "softmax")
 
 
 def test_the_closing_lines_name_the_report_command_beside_the_final_one(rehearsed):
