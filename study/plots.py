@@ -84,9 +84,10 @@ def curves(
     title: str,
     states: Mapping[str, str] | None = None,
     marks: Mapping[str, float | tuple[float, float]] | None = None,
+    xlabel: str = "epoch",
 ) -> Path:
     """:func:`curves_figure` saved to ``path``."""
-    return save(curves_figure(series, ylabel=ylabel, title=title, states=states, marks=marks), path)
+    return save(curves_figure(series, ylabel=ylabel, title=title, states=states, marks=marks, xlabel=xlabel), path)
 
 
 def curves_figure(
@@ -96,6 +97,7 @@ def curves_figure(
     title: str,
     states: Mapping[str, str] | None = None,
     marks: Mapping[str, float | tuple[float, float]] | None = None,
+    xlabel: str = "epoch",
 ) -> Figure:
     """A metric against epoch, one line per series ({name: {epoch: value}}), with integer epoch ticks.
 
@@ -120,7 +122,7 @@ def curves_figure(
             color, label = STATE_COLORS.get(state, "k"), None if state in labelled else state.lower()
             labelled.add(state)
         ax.plot(epochs, [values[e] for e in epochs], marker=".", color=color, alpha=0.75, label=label)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.set_title(title)

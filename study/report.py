@@ -501,12 +501,37 @@ def curve_marks(client, record: StudyRecord, trials: list) -> dict[str, float | 
     return marks
 
 
+LADDER_AXIS = "epochs trained, over every budget"
+
+
 def learning_curves(
-    histories: dict[str, dict[int, float]], states: dict[str, str], metric: str, out: Path, marks: dict | None = None
+    histories: dict[str, dict[int, float]],
+    states: dict[str, str],
+    metric: str,
+    out: Path,
+    marks: dict | None = None,
+    ladder: bool = False,
 ) -> list[Block]:
+    """The validation metric of every trial against its MLflow step; ``ladder``: a study on a ladder of budgets, whose
+    steps count every epoch trained (the x axis and a paragraph say so)."""
     title = f"{metric} against epoch, all {len(histories)} trials"
-    path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states, marks=marks)
-    return [Heading(2, "Validation metric against epoch"), Image(path, "learning curves")]
+    xlabel = LADDER_AXIS if ladder else "epoch"
+    path = plots.curves(histories, out / "learning_curves.png", ylabel=metric, title=title, states=states, marks=marks, xlabel=xlabel)
+    how = Paragraph(
+        "The x axis counts the epochs each trial trained over every budget of the ladder, as MLflow's steps do: a trial "
+        "promoted at a budget went on from its checkpoint taken before that budget's tail (heating, lr decay), so that "
+        "tail's epochs are trained once for the judgement and left behind, and the curve falls back where the longer "
+        "schedule goes on. A trial that finished budget b has trained more than b epochs."
+    )
+    return [Heading(2, "Validation metric against epoch"), *([how] if ladder else []), Image(path, "learning curves")]
+
+
+def study_learning_curves(client, record: StudyRecord, trials: list, histories: dict[str, dict[int, float]], out: Path) -> list[Block]:
+    """:func:`learning_curves` of a study's trials (``histories``: their validation metric by step) with the rungs and
+    the heating marked: the report's section, and the PNG the study ends with (``draw_learning_curves``)."""
+    states = {_trial_key(r): _trial_state(r) for r in trials}
+    marks = curve_marks(client, record, trials)
+    return learning_curves(histories, states, record.metric, out, marks, ladder=record.scheduler == "budget")
 
 
 def draw_learning_curves(client, parent, trials: list, path: Path) -> Path:
@@ -514,8 +539,7 @@ def draw_learning_curves(client, parent, trials: list, path: Path) -> Path:
     what the study ends with, so that the study holds one drawing of it (``study.artifacts.study_artifacts``)."""
     record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags.get('study_name')!r}")
     histories = {_trial_key(r): _history(client, r.info.run_id, record.metric) for r in trials}
-    states = {_trial_key(r): _trial_state(r) for r in trials}
-    learning_curves(histories, states, record.metric, path.parent, curve_marks(client, record, trials))
+    study_learning_curves(client, record, trials, histories, path.parent)
     return path
 
 
@@ -645,7 +669,7 @@ def study_sections(client, parent, out: Path, top: int) -> list[Block]:
         *best_config(client, parent, out, picked=selection is not None, final_epochs=record.final_epochs),
         *importances(client, parent, record, out),
         *parallel_coordinates(client, parent, record, trials, histories, out),
-        *learning_curves(histories, states, metric, out, curve_marks(client, record, trials)),
+        *study_learning_curves(client, record, trials, histories, out),
         *early_stopping(record, histories, finished_schedules(client, trials, histories) if budget_rungs else None),
         *study_finals(client, parent, out),
     ]

@@ -243,6 +243,7 @@ def test_report_of_a_study_from_hand_written_records(tmp_path, runs, stored):
     else:  # the storage is gone and the study ended with no plot: said in one line
         assert "(parameter importances unavailable: " in importances
     assert (out / "learning_curves.png").is_file() and "![learning curves](learning_curves.png)" in text
+    assert "The x axis counts the epochs" not in text  # stock ASHA: a trial's steps are the epochs of its one schedule
     assert "(none yet: `python -m study.final --study hand`)" in text
     assert not (out / "tmp").exists()
 

@@ -141,7 +141,9 @@ def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_bl
     runs, _ = rehearsed
     client, _, children, _ = study_records(runs, STUDY)
     out = reported
-    section = (out / "report.md").read_text().split(f"## Top trials by {METRIC}\n")[1].split("\n## ")[0]
+    text = (out / "report.md").read_text()
+    assert "The x axis counts the epochs each trial trained over every budget of the ladder" in text  # the curves' steps
+    section = text.split(f"## Top trials by {METRIC}\n")[1].split("\n## ")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     by_name = {r.info.run_name: r for r in children}
