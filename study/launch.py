@@ -601,10 +601,28 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
     from ray import tune
 
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
-    if "://" not in settings.experiment_dir and (torn := tunestate.recover(settings.experiment_dir)):
+    local = "://" not in settings.experiment_dir
+    if local and (torn := tunestate.recover(settings.experiment_dir)):
         print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
+    if local and not tunestate.whole(settings.experiment_dir):
+        return fresh_tuner(settings, study, recorder)
     parent.reconcile_before_resume(study, settings.experiment_dir)
     return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
+
+
+def fresh_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRecorder):
+    """--resume of a study whose Tune state holds no whole snapshot: stopped before Tune's first one, or that one torn
+    by a full disk with no good copy. Tune saves its first snapshot before any trial reports, so a study none of whose
+    trials has reported starts its trials in a new Tuner; one whose trials reported cannot be continued."""
+    if any(t.intermediate_values or t.state.is_finished() for t in study.get_trials(deepcopy=False)):
+        raise UsageError(
+            f"--resume: Tune's state of study {settings.name} under {settings.experiment_dir} is missing or torn, with no "
+            "good copy, and its trials have reported; expected a study Tune saved whole: start it again under a new --study-name"
+        )
+    aside = tunestate.set_aside(settings.experiment_dir)
+    kept = f" (its torn files kept as *.torn: {', '.join(aside)})" if aside else ""
+    print(f"Tune saved no whole state of study {settings.name} before it stopped{kept}; no trial had reported: they start now")
+    return new_tuner(settings, recorder)
 
 
 def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selection | None:
@@ -742,9 +760,9 @@ def resume_hint(settings: StudySettings | None) -> str:
     command = f"{console.python_command('study.launch')} --study-name {settings.name} --resume{where}"
     if "://" not in settings.experiment_dir and not tunestate.resumable(settings.experiment_dir):  # checked, not promised
         return (
-            f"its Tune state under {settings.experiment_dir} could not be saved whole (a full disk?), and no good copy of it "
-            f"exists: the trials kept so far are in MLflow and the Optuna storage; free space and start the study again ({command} "
-            "refuses a torn state)"
+            f"its Tune state under {settings.experiment_dir} is missing or could not be saved whole (a full disk?), and no "
+            "good copy of it exists: the trials kept so far are in MLflow and the Optuna storage; free space and start the "
+            "study again under a new --study-name"
         )
     return f"its state is saved: continue it with  {command}"
 

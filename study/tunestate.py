@@ -97,12 +97,26 @@ def keep_good_state(experiment_dir: str) -> bool:
     return True
 
 
-def resumable(experiment_dir: str) -> bool:
-    """Whether ``--resume`` can restore the experiment: its state files read back, or a good copy of them does
-    (a study stopped before Tune's first snapshot has neither, and nothing to continue)."""
+def whole(experiment_dir: str) -> bool:
+    """Whether Tune can restore the experiment: its state files read back, or a good copy of them does."""
     folder = Path(experiment_dir)
     current, copies = state_files(folder), state_files(folder / GOOD) if (folder / GOOD).is_dir() else []
-    return any(all(readable(path) for path in files) for files in (current, copies) if files) or not (current or copies)
+    return any(all(readable(path) for path in files) for files in (current, copies) if files)
+
+
+def resumable(experiment_dir: str) -> bool:
+    """Whether ``--resume`` can continue the experiment: its folder exists, and its state or a good copy reads back
+    whole, or Tune has saved none yet (stopped before its first snapshot: ``--resume`` starts the trials afresh)."""
+    folder = Path(experiment_dir)
+    return folder.is_dir() and (whole(experiment_dir) or not (state_files(folder) or state_files(folder / GOOD)))
+
+
+def set_aside(experiment_dir: str) -> list[str]:
+    """Renames the experiment's state files to ``<name>.torn`` (a fresh Tuner then starts there); returns their names."""
+    files = state_files(Path(experiment_dir))
+    for path in files:
+        os.replace(path, path.with_name(path.name + ".torn"))
+    return [path.name for path in files]
 
 
 def recover(experiment_dir: str) -> list[str]:

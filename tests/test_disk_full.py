@@ -83,12 +83,22 @@ def study_env(runs: Path) -> dict[str, str]:
     return env
 
 
-def run_until_the_disk_fills(argv: list[str], env: dict, runs: Path, name: str, full: Path, output: Path) -> tuple[int, str]:
-    """Starts the study, fills ``full`` once a trial has logged 2 epochs, and waits for the driver's end: (exit, output)."""
+def second_epoch(runs: Path, name: str) -> bool:
+    """A trial of the study has logged 2 epochs in MLflow (mid-study)."""
+    return any(e >= 2 for e in epochs_logged(runs, name))
+
+
+def journal_made(runs: Path, name: str) -> bool:
+    """The study's Optuna journal exists: its records are being created, Tune has not started (before the first trial)."""
+    return (runs / "optuna" / "journal.log").exists()
+
+
+def run_until_the_disk_fills(argv: list[str], env: dict, runs: Path, name: str, full: Path, output: Path, moment=second_epoch):
+    """Starts the study, fills ``full`` once ``moment(runs, name)`` holds, and waits for the driver's end: (exit, output)."""
     with open(output, "w") as out:
         driver = start_driver([*argv, "--study-name", name], env, output=out)
     try:
-        wait_for(lambda: any(e >= 2 for e in epochs_logged(runs, name)), 300, "a trial's second epoch", process=driver)
+        wait_for(lambda: moment(runs, name), 300, moment.__doc__, process=driver, every_s=0.05)
         fill(full)
         driver.wait(timeout=300)  # a generous limit: the driver must end by itself
     finally:
@@ -125,15 +135,17 @@ def test_runs_folder_fills_mid_study_then_resume_finishes_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_storage_path_fills_mid_study_then_resume_finishes_it(tmp_path):
-    """--storage-path (Tune's state and the trials' checkpoints) on a small disk, the runs folder on the normal one."""
+@pytest.mark.parametrize("moment", [second_epoch, journal_made], ids=["mid-study", "before-the-first-trial"])
+def test_storage_path_fills_then_resume_finishes_the_study(tmp_path, moment):
+    """--storage-path (Tune's state and the trials' checkpoints) on a small disk, the runs folder on the normal one;
+    the disk fills mid-study, or before Tune has saved anything (a resume then starts the trials afresh)."""
     runs = tmp_path / "runs"
     runs.mkdir()
     with small_filesystem(tmp_path / "small") as small:
         storage = small / "ray"
         env, name = study_env(runs), "full-storage"
         argv = [*STUDY, "--storage-path", str(storage)]
-        code, text = run_until_the_disk_fills(argv, env, runs, name, small, tmp_path / "driver.out")
+        code, text = run_until_the_disk_fills(argv, env, runs, name, small, tmp_path / "driver.out", moment)
         assert_one_disk_full_line(code, text, storage)
         assert "--resume" in text, text[-2000:]
         (small / "filler").unlink()

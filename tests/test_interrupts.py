@@ -75,9 +75,10 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
     env = {**os.environ, "DML_RUNS_DIR": str(runs)}
     name = "stopped"
     argv = ["--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6", "--confirm-seeds", "0", "--study-name", name]
+    argv += ["--checkpoint-every", "0"]  # a checkpoint every epoch: the signal comes once the first is on disk
     driver = start_driver(argv, env)
     try:
-        wait_for(lambda: any((runs / "ray" / name).glob("*/checkpoint_*")), 600, "a trial's first checkpoint")
+        wait_for(lambda: any((runs / "ray" / name).glob("*/checkpoint_*")), 600, "a trial's first checkpoint", process=driver)
     except AssertionError:
         driver.kill()
         raise
@@ -104,6 +105,7 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_a_full_or_read_only_disk_mid_study_ends_in_one_line_naming_the_file_and_the_resume(runs, capsys, monkeypatch, code):
     def full_disk(settings):
+        os.makedirs(settings.experiment_dir)  # mid-study: Tune's experiment folder exists (none: --resume refuses the study)
         raise OSError(code, os.strerror(code), str(runs / "optuna" / "journal.log"))
 
     monkeypatch.setattr(launch, "run_study", full_disk)

@@ -43,4 +43,6 @@ def test_without_a_good_copy_a_torn_state_is_not_called_resumable(tmp_path):
     (tmp_path / "search_gen_state-a.json").write_bytes(b"")
     assert tunestate.resumable(str(tmp_path)) is False
     assert tunestate.recover(str(tmp_path)) == []  # nothing to put back: left as it is
-    assert tunestate.resumable(str(tmp_path / "never-started")) is True  # nothing to continue, nothing torn
+    (tmp_path / "before-the-first-snapshot").mkdir()
+    assert tunestate.resumable(str(tmp_path / "before-the-first-snapshot")) is True  # --resume starts its trials afresh
+    assert tunestate.resumable(str(tmp_path / "never-started")) is False  # no experiment folder: --resume refuses it
