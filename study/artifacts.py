@@ -12,6 +12,7 @@ three the same way and shows the study's copy rather than log a second one.
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -98,14 +99,21 @@ def searched(trials: list[FrozenTrial]) -> list[str]:
     return [name for name in common if len({repr(t.params[name]) for t in trials}) > 1]
 
 
+FANOVA_TRIALS = 1000  # fANOVA's forest grows with the trials (47 s for 1,000 on 2 busy cores): larger families are sampled
+
+
 def family_importances(study: optuna.Study) -> dict[str, dict[str, float] | str]:
     """fANOVA importances (seeded, so the study's end and the report agree) of the parameters each loss family's
     complete trials searched, per family (``loss_families``): a parameter of one loss never varies among the other's
     trials, so importances over both would rank one loss's parameters on that loss's trials alone. A family with
-    fewer than two complete trials, or nothing searched, gets the reason instead."""
+    fewer than two complete trials, or nothing searched, gets the reason instead. A family of more than
+    ``FANOVA_TRIALS`` trials is judged on a seeded sample of that many, and its label says so."""
     out: dict[str, dict[str, float] | str] = {}
     for loss, trials in loss_families(complete_trials(study)).items():
         label = f"loss {loss}: {len(trials)} complete trials" if loss else f"all {len(trials)} complete trials"
+        if len(trials) > FANOVA_TRIALS:
+            label = label.replace(f"{len(trials)} complete", f"{FANOVA_TRIALS} of {len(trials)} complete") + " (a seeded sample)"
+            trials = sorted(random.Random(0).sample(trials, FANOVA_TRIALS), key=lambda t: t.number)
         params = searched(trials)
         if len(trials) < 2 or not params:
             out[label] = "not computed: fewer than two complete trials, or no parameter that varies among them"
@@ -139,10 +147,11 @@ def family_parallel_rows(study: optuna.Study) -> tuple[dict[str, tuple[list[dict
     return groups, log_params, choices
 
 
-def draw_importances(study: optuna.Study, metric: str, path: Path) -> Path:
-    """param_importances.png: ``family_importances`` as bars, a panel per loss family; a note when none can be computed."""
+def draw_importances(study: optuna.Study, metric: str, path: Path, families: dict[str, dict[str, float] | str] | None = None) -> Path:
+    """param_importances.png: ``family_importances`` (``families`` when already computed) as bars, a panel per loss
+    family; a note when none can be computed."""
     try:
-        return plots.importances(family_importances(study), path, metric=metric)
+        return plots.importances(families if families is not None else family_importances(study), path, metric=metric)
     except Exception as error:  # any failure to compute is reported in the PNG, never raised
         return note(path, "parameter importances", f"not drawn: {first_error_line(str(error) or type(error).__name__)[:200]}")
 

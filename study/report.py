@@ -257,6 +257,25 @@ def find_parent(client, name: str, experiment: str | None):
     return parents[0]
 
 
+class PrefetchedHistories:
+    """An MLflow client whose ``get_metric_history`` answers from histories read at once for many runs
+    (``tracking.metric_histories``); every other call goes to ``client``."""
+
+    def __init__(self, client, runs: list, keys: list[str]) -> None:
+        self._client = client
+        self._histories = tracking.metric_histories(client, [r.info.run_id for r in runs], keys)
+
+    def get_metric_history(self, run_id: str, key: str) -> list:
+        found = self._histories.get((run_id, key))
+        return found if found is not None else self._client.get_metric_history(run_id, key)
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+
+CURVE_KEYS = ("budget", "epoch")  # with the study's metric: what a study's curves and schedule ends are read from
+
+
 def _history(client, run_id: str, key: str) -> dict[int, float]:
     """A run's metric by step (epoch), in step order; the last value logged at a step wins."""
     points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
@@ -433,7 +452,7 @@ def importances(client, parent, record: StudyRecord, out: Path) -> list[Block]:
     try:
         study = _optuna_study(parent, record)
         families = artifacts.family_importances(study)
-        path = artifacts.draw_importances(study, record.metric, out / "param_importances.png")
+        path = artifacts.draw_importances(study, record.metric, out / "param_importances.png", families)
     except Exception as error:  # storage moved or unreachable: fall back to the stored plot
         detail = tracking.first_error_line(str(error) or type(error).__name__)[:200]
         try:
@@ -538,6 +557,7 @@ def draw_learning_curves(client, parent, trials: list, path: Path) -> Path:
     """learning_curves.png of a study as its report draws it (its trials' MLflow records, the rungs and heating marked):
     what the study ends with, so that the study holds one drawing of it (``study.artifacts.study_artifacts``)."""
     record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags.get('study_name')!r}")
+    client = PrefetchedHistories(client, trials, [record.metric, *CURVE_KEYS])
     histories = {_trial_key(r): _history(client, r.info.run_id, record.metric) for r in trials}
     study_learning_curves(client, record, trials, histories, path.parent)
     return path
@@ -657,6 +677,7 @@ def study_sections(client, parent, out: Path, top: int) -> list[Block]:
     record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags['study_name']!r}")
     metric = record.metric
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
+    client = PrefetchedHistories(client, trials, [metric, *CURVE_KEYS])
     histories = {_trial_key(r): _history(client, r.info.run_id, metric) for r in trials}
     states = {_trial_key(r): _trial_state(r) for r in trials}
     budget_rungs = record.scheduler == "budget"
