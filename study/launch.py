@@ -343,6 +343,8 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     fit_classes = check_dataset(space, data_root) if args.rehearse is None else 0  # a rehearsal reads no data
     name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage_path = check_storage(args.storage_path or str(tracking.runs_dir() / "ray"))
+    if note := shared_storage_note(args.address, storage_path):
+        print(note, file=sys.stderr)
     if args.resume and "://" not in storage_path and not Path(storage_path, name).is_dir():
         raise UsageError(f"--resume: no study {name!r} under {storage_path}; expected the --study-name of an interrupted study")
     flags = {flag: getattr(args, flag) for flag in record_flag_names() if flag != "dataset"}  # as given, then resolved:
@@ -440,6 +442,19 @@ def check_dataset(space: Space, data_root: str | None) -> int:
     except ConfigError as error:
         raise SpaceError(str(error)) from None
     return len(fit_classes)
+
+
+def shared_storage_note(address: str | None, storage_path: str) -> str | None:
+    """On a cluster (``--address``) with checkpoints in a folder of this host: the note that every node must reach it.
+
+    Ray Tune writes a trial's checkpoints from the node that trains it; with several hosts a local folder must be the
+    same shared mount on each (NFS), else Ray fails the trials of other nodes at their first checkpoint."""
+    if address is None or "://" in storage_path:
+        return None
+    return (
+        f"note: --storage-path {storage_path} is a folder of this host; on a cluster of several hosts every node must "
+        "reach it at that path (a shared mount), or give an s3:// URI (README, Running on a cluster)"
+    )
 
 
 def check_storage(path: str) -> str:

@@ -326,3 +326,10 @@ def test_trial_folders_hold_tunes_json_and_csv_results_and_no_tensorboard_files(
     assert len(trial_dirs) == 7
     assert all((d / "result.json").is_file() and (d / "progress.csv").is_file() for d in trial_dirs)
     assert not list((budget_study["runs"] / "ray").rglob("events.out.tfevents*"))
+
+
+def test_a_cluster_study_with_checkpoints_in_a_folder_of_this_host_is_told_every_node_must_reach_it():
+    assert launch.shared_storage_note(None, "/data/runs/ray") is None  # a local Ray: one host
+    assert launch.shared_storage_note("auto", "s3://bucket/ray") is None  # every node reaches a bucket
+    note = launch.shared_storage_note("10.0.0.1:6379", "/data/runs/ray")
+    assert note.startswith("note: --storage-path /data/runs/ray is a folder of this host") and "s3://" in note
