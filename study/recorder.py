@@ -51,7 +51,8 @@ PERSIST_EVERY = 1024  # a long drain drops what it applied from the spool after 
 CHUNK_OPS = 256  # ops applied together: each run's results in a chunk are one MLflow log_batch
 MAX_METRICS, MAX_TAGS = 1000, 100  # what one MLflow log_batch takes
 UNPICKLED = (
-    "_client", "_study", "run_ids", "logged_step", "_numbers", "_indexed", "applied_epochs", "_wake", "_closing", "_writer", "_flushing"
+    "_client", "_study", "_storage", "run_ids", "logged_step", "_numbers", "_indexed", "applied_epochs",
+    "_wake", "_closing", "_writer", "_flushing",
 )  # fmt: skip
 
 
@@ -128,6 +129,7 @@ class TrialRecorder:
         """What a recorder holds in memory only: the client, what it has written, its writer thread."""
         self._client: Any = None
         self._study: optuna.Study | None = None
+        self._storage: optuna.storages.BaseStorage | None = None  # the study's, opened once with it
         self.run_ids: dict[str, str] = {}
         self.logged_step: dict[str, int] = {}
         self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
@@ -287,7 +289,9 @@ class TrialRecorder:
         """The study's Optuna study (None without an Optuna storage, or when it holds no such study)."""
         if self._study is None and self.optuna_storage:
             with contextlib.suppress(KeyError):
-                self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.optuna_storage))
+                storage = open_storage(self.optuna_storage)
+                self._study = optuna.load_study(study_name=self.study_name, storage=storage)
+                self._storage = storage
         return self._study
 
     def optuna_number(self, trial_id: str) -> int | None:
@@ -310,9 +314,10 @@ class TrialRecorder:
 
     def _link_optuna_trial(self, number: int, run_id: str) -> None:
         """The Optuna trial names its MLflow run (user attribute ``mlflow_run_id``) while it can still be changed."""
-        frozen = self.study.get_trials(deepcopy=False)[number]
-        try:
-            optuna.trial.Trial(self.study, frozen._trial_id).set_user_attr("mlflow_run_id", run_id)
+        storage = self._storage
+        try:  # the storage's public interface (BaseStorage): the trial by its study and number
+            trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(self.study_name), number)
+            storage.set_trial_user_attr(trial_id, "mlflow_run_id", run_id)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # written after the trial ended (records kept during an outage): the run's optuna_trial_number links them
 
