@@ -59,9 +59,11 @@ def local_placement(cores: int, seeds: int, device_type: str) -> Placement:
     """The rule for a final training on this machine (no ``--address``), from what was measured (README, study.final).
 
     With ``cores >= PARALLEL_MIN_CORES``, CPU training and more than one seed, all the seeds of a configuration
-    train at once, each in its own process with ``cores // seeds`` torch threads (at least 1): on 2 cores, 3 seeds
-    of one thread each finished sooner than 3 seeds one after another with 2 threads, as torch's second thread added
-    little on the small models; a local Ray gets as many logical CPUs as there are seeds (each task asks for one).
+    train at once, each in its own process with ``cores // seeds`` torch threads (at least 1); a local Ray gets as
+    many logical CPUs as there are seeds (each task asks for one). On 2 cores (a loaded machine), 3 seeds of the
+    README's example config at once took 242 s at 6 epochs, against 258 s one after another with one thread and
+    far longer with torch's 2 threads; 2 at once, then 1, was slower than 3 at once. The local Ray's start is a
+    fixed cost: at 2 epochs one after another with one thread still won (139 s against 157 s).
     A GPU, a single seed or a single core: one after another in the driver, as before.
     """
     if device_type != "cpu" or seeds < 2 or cores < PARALLEL_MIN_CORES:
