@@ -103,7 +103,7 @@ class MlflowTrials(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         state = trial_outcome(trial.last_result, error=False, metric=self.metric, max_epochs=self.max_epochs)
-        tags = {"stopped_by_asha": str(state == PRUNED).lower(), "trial_state": state, **active_tag(train_part(trial.config))}
+        tags = {"stopped_early": str(state == PRUNED).lower(), "trial_state": state, **active_tag(train_part(trial.config))}
         if (
             confirmed_trial(trial.config) is None
         ):  # what the searcher tells Optuna, by the same rule: the end of the study has nothing to add
@@ -112,7 +112,7 @@ class MlflowTrials(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         reason = first_error_line(trial_error_text(trial))
-        tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_by_asha": "false", **active_tag(train_part(trial.config))}
+        tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_early": "false", **active_tag(train_part(trial.config))}
         if confirmed_trial(trial.config) is None:
             tags["optuna_state"] = FAIL
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})

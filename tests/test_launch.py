@@ -112,7 +112,7 @@ def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_recall_at_1")]
         assert steps == sorted(set(steps)) and steps == list(range(1, len(steps) + 1))  # per epoch, no duplicates
         assert run.data.params["dataset"] == "synthetic" and run.data.params["epochs"] == str(EPOCHS)
-        assert run.data.tags["stopped_by_asha"] in ("true", "false")
+        assert run.data.tags["stopped_early"] in ("true", "false")
         assert run.data.tags["device"] == "cpu" and run.data.tags["node"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     expected = {
@@ -124,7 +124,7 @@ def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
         "learning_curves.png",
     }
     assert expected <= artifacts
-    finals = [r.data.metrics["val_recall_at_1"] for r in children if r.data.tags["stopped_by_asha"] == "false"]
+    finals = [r.data.metrics["val_recall_at_1"] for r in children if r.data.tags["stopped_early"] == "false"]
     assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(max(finals))
     best = yaml.safe_load(
         open(
@@ -144,7 +144,7 @@ def test_asha_stopped_trials_are_pruned_in_optuna(two_node_study):
     for trial in study.trials:
         run = by_trial[trial.user_attrs["tune_trial_id"]]
         epochs = len(trial.intermediate_values)
-        if run.data.tags["stopped_by_asha"] == "true":
+        if run.data.tags["stopped_early"] == "true":
             assert trial.state.name == "PRUNED" and epochs < EPOCHS
         else:
             assert trial.state.name == "COMPLETE" and epochs == EPOCHS
