@@ -338,7 +338,7 @@ def test_a_study_keeps_its_checkpoints_in_the_shared_folder(cluster):
     checkpoints there, the driver on the head its experiment state, MLflow on the head holds one run per trial."""
     storage = cluster.shared / "ray"
     t = time.monotonic()
-    flags = ["--rehearse", "0.2", "--space", "smoke", "--num-samples", "4", "--epochs", "4"]
+    flags = ["--rehearse", "0.2", "--space", "smoke", "--num-samples", "4", "--epochs", "4", "--checkpoint-every", "0"]
     out = cluster.exec(launch_command("shared", str(storage), *flags), timeout=300)
     cluster.seconds["study, shared folder"] = time.monotonic() - t
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
