@@ -42,7 +42,7 @@ import mlflow
 import numpy as np
 import torch
 
-from study import checks, console, inputs, names, seeds, tracking
+from study import checks, console, inputs, names, records, seeds, tracking
 from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
 from study.parent import mark_stopped, study_parent
@@ -631,8 +631,19 @@ def run_final(args: argparse.Namespace) -> FinalResult:
             raise
     if plan.parent_run_id is None:
         client.set_terminated(parent_id, status="FINISHED")
+    elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+        note_study_retrained(client, parent_id, outcomes[0])
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
+
+
+def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
+    """The study's parent run description (``records.with_final``): the retrained pick's test metrics and its model."""
+    first = outcome.seeds[0]
+    note = client.get_run(study_parent_id).data.tags.get(records.NOTE_TAG, "")
+    model = first.registered_uri or first.model_uri
+    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, model)
+    client.set_tag(study_parent_id, records.NOTE_TAG, text)
 
 
 # One 8 x 8 image, (N, H, W) = (1, 8, 8): a dark cross on white, drawn as Omniglot draws strokes; small enough to type.

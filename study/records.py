@@ -192,6 +192,25 @@ def mark_pick(study: optuna.Study, summary: StudySummary) -> None:
             study.set_user_attr(key, value)
 
 
+FINAL_MARK = "**Retrained by study.final**"  # opens the description's last paragraph, written by study.final --study
+TEST_KEYS = ("test_recall_at_1", "test_map_at_r", "test_nmi")  # what the paragraph states, each where measured
+
+
+def with_final(note: str, summary: dict[str, float], seeds: int, epochs: int, model_uri: str) -> str:
+    """The study's description (``mlflow.note.content``) with a last paragraph on its retrained pick: the test metrics'
+    mean +- standard deviation over ``seeds`` seeds of ``epochs`` epochs and the model's URI; a later retraining
+    replaces the paragraph of an earlier one."""
+    shown = [key for key in TEST_KEYS if key + "_mean" in summary]
+    measured = [f"{key.removeprefix('test_')} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}" for key in shown]
+    paragraph = (
+        f"{FINAL_MARK}: {seeds} seed(s) of {epochs} epochs on every training class, scored on the test classes: "
+        + ", ".join(measured)
+        + f". Model: `{model_uri}`."
+    )
+    head = note.split(FINAL_MARK)[0].rstrip()
+    return f"{head}\n\n{paragraph}" if head else paragraph
+
+
 def study_note(summary: StudySummary, metric: str, picked_run: str | None, trials_epochs: str | None) -> str:
     """The parent run's description (``mlflow.note.content``, Markdown), short paragraphs with the essentials first
     (MLflow's run page shows its first lines folded): the pick, its loss, its mean and standard error over seeds and the

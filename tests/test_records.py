@@ -507,3 +507,17 @@ def test_the_optuna_number_of_each_new_trial_is_found_reading_each_optuna_trial_
         study.trials.append(SimpleNamespace(number=n, user_attrs={"tune_trial_id": f"t{n}"}))
         assert recorder.optuna_number(f"t{n}") == n
     assert study.read == 200
+
+
+def test_the_study_description_ends_with_its_retrained_pick_and_a_later_retraining_replaces_it():
+    from study.records import FINAL_MARK, with_final
+
+    note = "**Pick of study s: trial-3** (loss `ice`)\n\nRetrain it: `python -m study.final --study s`"
+    summary = {"test_recall_at_1_mean": 0.8471, "test_recall_at_1_std": 0.0123, "test_nmi_mean": 0.9, "test_nmi_std": 0.0}
+    once = with_final(note, summary, 3, 32, "models:/s-embedding/1")
+    assert once == (
+        note + f"\n\n{FINAL_MARK}: 3 seed(s) of 32 epochs on every training class, scored on the test classes: "
+        "recall_at_1 0.8471 +- 0.0123, nmi 0.9000 +- 0.0000. Model: `models:/s-embedding/1`."
+    )
+    again = with_final(once, {"test_recall_at_1_mean": 0.85, "test_recall_at_1_std": 0.0}, 1, 32, "runs:/r/embedding-seed0")
+    assert again.startswith(note + "\n\n" + FINAL_MARK) and again.count(FINAL_MARK) == 1 and "0.8500" in again and "0.8471" not in again

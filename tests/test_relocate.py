@@ -64,6 +64,8 @@ def test_a_copy_of_a_finished_study_with_its_original_deleted_reports_retrains_a
     assert "its paths now name" not in capsys.readouterr().err  # rebound once: the later commands found it bound
     assert "its paths now name" not in command(["study.final", "--study", "moved", "--seeds", "1"]).stderr  # retrained
     assert not original.exists()  # nothing wrote into the deleted folder (it would have been made again)
+    note = client.get_run(parent[0].info.run_id).data.tags["mlflow.note.content"]  # the retrained pick, in the description
+    assert "**Retrained by study.final**: 1 seed(s) of" in note and "recall_at_1 " in note and "embedding" in note
 
 
 def make_store(folder: Path) -> str:
