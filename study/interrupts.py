@@ -46,14 +46,27 @@ class StudyInterrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+_INSTALLED: list[StopSignals] = []  # the StopSignals whose handlers are installed (main thread), innermost last
+
+
+def _signum(error: KeyboardInterrupt) -> int:
+    """The signal behind ``error``: ``StudyInterrupted``'s; for a plain KeyboardInterrupt the signal the installed
+    handlers received (a library that catches the handler's ``StudyInterrupted`` may raise its own KeyboardInterrupt:
+    Ray's waits did, so a SIGTERM to study.final's seeds read as a SIGINT), else SIGINT."""
+    if isinstance(error, StudyInterrupted):
+        return error.signum
+    received = _INSTALLED[-1].received if _INSTALLED else None
+    return received or signal.SIGINT
+
+
 def signal_name(error: KeyboardInterrupt) -> str:
-    """The signal that stopped the driver: ``StudyInterrupted``'s, else SIGINT (a plain KeyboardInterrupt)."""
-    return error.name if isinstance(error, StudyInterrupted) else "SIGINT"
+    """The signal that stopped the driver (``_signum``)."""
+    return signal.Signals(_signum(error)).name
 
 
 def exit_code(error: KeyboardInterrupt) -> int:
-    """128 + the signal number (130 for a plain KeyboardInterrupt, which is a SIGINT)."""
-    return error.exit_code if isinstance(error, StudyInterrupted) else 128 + signal.SIGINT
+    """128 + the signal number (``_signum``; 130 for a plain Ctrl-C)."""
+    return 128 + _signum(error)
 
 
 @contextlib.contextmanager
@@ -97,9 +110,15 @@ class StopSignals:
         """The handlers, installed for the body and restored after it; Ray Tune's own SIGINT handler is off meanwhile."""
         with env_set(TUNE_FLAG, "1"):
             previous = {s: signal.signal(s, self.handle) for s in HANDLED}
+            _INSTALLED.append(self)
             try:
                 yield self
+            except KeyboardInterrupt as error:  # leaves as the signal that stopped it (``_signum``)
+                if isinstance(error, StudyInterrupted) or self.received is None:
+                    raise
+                raise StudyInterrupted(self.received) from error
             finally:
+                _INSTALLED.remove(self)
                 for s, handler in previous.items():
                     signal.signal(s, handler)
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from study import launch
-from study.interrupts import StopSignals, StudyInterrupted, exit_code
+from study.interrupts import StopSignals, StudyInterrupted, exit_code, signal_name
 from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 from tests.test_resume import start_driver
@@ -66,6 +66,27 @@ def test_handlers_are_restored_and_plain_keyboard_interrupt_exits_130():
         assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
     assert {s: signal.getsignal(s) for s in before} == before
     assert exit_code(KeyboardInterrupt()) == 130
+
+
+def test_a_library_that_raises_its_own_keyboard_interrupt_for_the_signal_still_names_the_signal():
+    """A library that catches the handler's StudyInterrupted and raises a plain KeyboardInterrupt (Ray's waits did:
+    study.final's seeds stopped by SIGTERM exited 130, "stopped by SIGINT") still names SIGTERM, inside the handlers'
+    block (where the runs are marked stopped) and out of it (the exit)."""
+    stops = StopSignals()
+    inside = None
+    with pytest.raises(StudyInterrupted) as left:
+        with stops.installed():
+            try:
+                try:
+                    signal.raise_signal(signal.SIGTERM)
+                except StudyInterrupted:
+                    raise KeyboardInterrupt from None  # what the library does
+            except KeyboardInterrupt as error:
+                inside = (signal_name(error), exit_code(error))
+                raise
+    assert inside == ("SIGTERM", 143)
+    assert (left.value.name, exit_code(left.value)) == ("SIGTERM", 143)
+    assert (signal_name(KeyboardInterrupt()), exit_code(KeyboardInterrupt())) == ("SIGINT", 130)  # a Ctrl-C, no handlers
 
 
 @pytest.mark.slow
