@@ -348,6 +348,11 @@ def fail_study(uri: str, parent_run_id: str) -> list[tuple[str, int]]:
 
 def first_error_line(text: str | None) -> str:
     """The most telling line of a traceback: its last non-empty line, URL passwords redacted (MLflow's errors name the
-    URL they requested, user and password included)."""
+    URL they requested, user and password included). A database error of SQLAlchemy (MLflow's stores) ends with the
+    statement, its parameters and a link (``[SQL: ...]`` and on); its line is the one before them ("database or
+    disk is full")."""
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    statement = next((i for i, line in enumerate(lines) if line.startswith("[SQL: ")), None)
+    if statement:
+        lines = lines[:statement]
     return redacted(lines[-1])[:1000] if lines else "unknown error"

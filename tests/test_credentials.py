@@ -178,3 +178,15 @@ def test_a_study_with_passwords_in_its_urls_records_logs_and_prints_none(tmp_pat
     database = tmp_path / "server" / "server.db"
     assert "dml:***@" in database.read_bytes().decode(errors="replace")  # the command tags, redacted
     assert PASSWORD.encode() not in database.read_bytes(), where_in_store(database, PASSWORD)  # the study's record included
+
+
+def test_a_database_error_is_told_by_its_own_line_not_by_sqlalchemys_link():
+    """A full disk under MLflow's sqlite store: the end of a study said only "(Background on this error at: ...)"."""
+    error = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+        "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database or disk is full\n"
+        "[SQL: INSERT INTO metrics (key, value) VALUES (?, ?)]\n[parameters: ('val', 0.5)]\n"
+        "(Background on this error at: https://sqlalche.me/e/21/e3q8)\n"
+    )
+    assert tracking.first_error_line(error) == "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database or disk is full"
+    assert tracking.first_error_line("RuntimeError: boom\n") == "RuntimeError: boom"  # no statement: the last line
