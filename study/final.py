@@ -111,22 +111,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
     )
-    parser.add_argument(
+    add_placement_flags(parser.add_argument)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def add_placement_flags(a) -> None:
+    """Where the seeds train: a Ray cluster and the resources of a seed's task there."""
+    a(
         "--address",
         help="train each seed as a task of this running Ray cluster ('auto' on one of its nodes), the seeds side by side; "
         "default: this machine (side by side on its cores when it has several)",
     )
-    parser.add_argument(
+    a(
         "--cpus-per-trial",
         type=float,
         help="with --address: CPUs a seed's task holds, as many torch threads (default: the study's, else 1)",
     )
-    parser.add_argument(
+    a(
         "--gpus-per-trial",
         type=float,
         help="with --address: GPUs a seed's task holds; it trains on CUDA when > 0 (default: the study's, else 0)",
     )
-    args = parser.parse_args(argv)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags' ranges and combinations (``parser.error``: one line, exit 2) and the name rule; fills --experiment."""
     if sum(bool(x) for x in (args.study, args.config, args.space)) > 1:
         parser.error("--study, --config and --space exclude each other: retrain a study's best config, a config file or a grid space")
     if args.experiment is None:
@@ -147,7 +158,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device and args.address is not None:
         parser.error("--device: with --address a seed trains on CUDA when it holds a GPU (--gpus-per-trial), else on CPU")
     names.check_names({"--study": args.study, "--experiment": args.experiment, "--register": args.register})
-    return args
 
 
 def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfig, str]:

@@ -261,22 +261,8 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     children = {r.data.tags.get("trial_id"): r for r in child_runs(client, recorder.experiment_id, parent_id)}
     best, selection = summary.best, summary.selection
     picked = children.get(best.user_attrs.get("tune_trial_id")) if best is not None else None
-    for t in study.get_trials(deepcopy=False):
-        run = children.get(t.user_attrs.get("tune_trial_id"))
-        if run is not None:
-            tags = {
-                "optuna_trial_number": str(t.number),
-                "optuna_state": t.state.name,
-                "mlflow.runName": run_name("trial", run.data.tags["trial_id"], t.number),
-                **active_tag(run.data.params),  # the driver tags it as the trial ends; a study synced after an update has none
-            }
-            if run is picked:
-                tags["picked"] = "true"
-            write_tags(client, run, tags)
     training = training_runs(client, recorder.experiment_id, parent_id)
-    for run in training:
-        if run.data.tags.get("kind") == "confirmation":
-            write_tags(client, run, active_tag(run.data.params))
+    tag_training_runs(client, study, children, training, picked)
     # a trial or re-run still RUNNING was orphaned by a killed driver (it started after Tune's last snapshot)
     orphans = [run.info.run_id for run in training if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
@@ -299,6 +285,34 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
             paths[-1].write_text(json.dumps(selection_record(selection), indent=1))
         for path in paths:
             client.log_artifact(parent_id, str(path))
+    write_parent_summary(client, parent, summary, metric, picked)
+    client.set_terminated(parent_id, status="FINISHED")
+
+
+def tag_training_runs(client, study: optuna.Study, children: dict, training: list, picked) -> None:
+    """Optuna's number and state, the run name and the active params on every trial run (``picked=true`` on the
+    pick's), the active params on every re-run; tags that already hold these values are not written again."""
+    for t in study.get_trials(deepcopy=False):
+        run = children.get(t.user_attrs.get("tune_trial_id"))
+        if run is not None:
+            tags = {
+                "optuna_trial_number": str(t.number),
+                "optuna_state": t.state.name,
+                "mlflow.runName": run_name("trial", run.data.tags["trial_id"], t.number),
+                **active_tag(run.data.params),  # the driver tags it as the trial ends; a study synced after an update has none
+            }
+            if run is picked:
+                tags["picked"] = "true"
+            write_tags(client, run, tags)
+    for run in training:
+        if run.data.tags.get("kind") == "confirmation":
+            write_tags(client, run, active_tag(run.data.params))
+
+
+def write_parent_summary(client, parent, summary: StudySummary, metric: str, picked) -> None:
+    """The parent run's summary metrics (each once: a study synced again logs no repeated point), the pick's tags
+    and the description (``study_note``)."""
+    parent_id, best, selection = parent.info.run_id, summary.best, summary.selection
     metrics = {k: v for k, v in summary.metrics.items() if math.isfinite(v)}
     if selection is not None:
         metrics[f"best_mean_{metric}"] = selection.winner.mean
@@ -311,6 +325,5 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     picked_name = run_name("trial", picked.data.tags["trial_id"], best.number) if picked is not None else None
     client.set_tag(parent_id, NOTE_TAG, study_note(summary, metric, picked_name, parent.data.params.get("epochs")))
     for key, value in metrics.items():
-        if parent.data.metrics.get(key) != float(value):  # a study synced again: no repeated point
+        if parent.data.metrics.get(key) != float(value):
             client.log_metric(parent_id, key, float(value))
-    client.set_terminated(parent_id, status="FINISHED")
