@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +22,7 @@ import pytest
 from study import console, launch, report
 from tests.conftest import wait_for
 from tests.test_launch import use_runs
+from tests.test_serving import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +66,6 @@ def test_the_report_page_shows_every_image_and_no_broken_link(finished, browser)
     missing = [h for h in local if not (page.parent / h.split("#")[0]).exists()]
     assert not missing, missing
     assert STUDY in browser.evaluate("document.body.innerText")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(url: str) -> bool:
