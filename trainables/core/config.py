@@ -31,6 +31,7 @@ REDUCTION_CHOICES = ("fc", "fc_dropout", "pca")  # 001_df21db8a9bc1b516, sec. 3.
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
 VAL_SPLIT_CHOICES = ("classes", "alphabets")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16")  # engine.precision_plan: what each means on CUDA and on the CPU
 MAX_AUGMENT = 4.0  # characters: rotations up to 40 degrees, shifts up to 32 % of the size
 FLOAT32_MAX = 3.4028234663852886e38  # the loss and the optimizer compute in float32: a larger value becomes inf
 
@@ -148,6 +149,9 @@ class TrainConfig:
     new_layer_lr_mult: float = 1.0
     epochs: int = 40
     seed: int = 0
+    # the forward pass's arithmetic (engine.precision_plan): fp32 (none), bf16 (autocast), fp16 (autocast and a
+    # gradient scaler, CUDA only). fp32 by default: the CPU results of every earlier study stay as they were
+    precision: str = "fp32"
     # data
     dataset: str = "omniglot"
     image_size: int = 0  # 0: the dataset's default (32 for characters, 224 for photos)
@@ -199,6 +203,7 @@ class TrainConfig:
             ("heating", HEATING_CHOICES),
             ("lr_schedule", LR_SCHEDULE_CHOICES),
             ("val_split", VAL_SPLIT_CHOICES),
+            ("precision", PRECISION_CHOICES),
             ("normalization", NORMALIZATION_CHOICES),
             ("optimizer", OPTIMIZER_CHOICES),
             ("backbone", BACKBONE_CHOICES),

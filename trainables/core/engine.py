@@ -17,6 +17,7 @@ The epoch itself is the step they are recorded at.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -32,7 +33,7 @@ from torch import nn
 from . import schedule
 from .cache import attach_cache
 from .checkpoint import rng_state, set_rng_state
-from .config import TrainConfig, check_classes_per_batch
+from .config import PRECISION_CHOICES, ConfigError, TrainConfig, check_classes_per_batch
 from .data import DatasetSplits, ImageSet, alphabets, dataset_label, image_size_for, load_dataset, validation_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings, one_shot_error
@@ -61,9 +62,56 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _autocast(device: torch.device):
-    # bf16 autocast on CUDA; full precision on the CPU
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How the forward pass computes: under autocast to ``dtype`` on ``device_type`` (None: in float32), and whether
+    the loss is scaled (a ``torch.amp.GradScaler``) so that fp16's small gradients do not flush to zero."""
+
+    device_type: str
+    dtype: torch.dtype | None = None
+    scaled: bool = False
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device_type, dtype=self.dtype) if self.dtype is not None else contextlib.nullcontext()
+
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device_type) if self.scaled else None
+
+
+FULL_PRECISION = PrecisionPlan("cpu")
+
+
+def precision_plan(precision: str, device_type: str) -> PrecisionPlan:
+    """What config key ``precision`` means on ``device_type`` ("cuda" or "cpu").
+
+    fp32: no autocast (the default, and what the CPU always ran before the key existed). bf16: autocast to
+    bfloat16, on CUDA and on the CPU alike (bf16 has float32's range: no scaler). fp16: autocast to float16 with a
+    GradScaler, on CUDA only. fp16 on the CPU is a ConfigError rather than a quiet fall-back to fp32, which would
+    record fp16 for an fp32 run; it is raised here, where the device is known, not in TrainConfig.from_dict: the
+    driver validates a trial's config without knowing which node, and so which device, trains it.
+    """
+    if precision == "fp32":
+        return PrecisionPlan(device_type)
+    if precision == "bf16":
+        return PrecisionPlan(device_type, torch.bfloat16)
+    if precision == "fp16" and device_type == "cuda":
+        return PrecisionPlan(device_type, torch.float16, scaled=True)
+    if precision == "fp16":
+        raise ConfigError(f"precision='fp16' is not allowed on the {device_type}; expected bf16 or fp32 there (fp16 needs CUDA)")
+    raise ConfigError(f"precision={precision!r} is not allowed; expected one of {', '.join(PRECISION_CHOICES)}")
+
+
+def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Backward and step on the scalar ``loss``; with ``scaler``, scaled (a step whose gradients overflow is skipped
+    and the scale lowered, as ``GradScaler.step`` and ``update`` do)."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def train_one_epoch(
@@ -75,10 +123,13 @@ def train_one_epoch(
     *,
     epoch: int = 0,
     before_step: Callable[[int], None] | None = None,
+    plan: PrecisionPlan = FULL_PRECISION,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """One pass over ``loader``; returns train_loss, train_accuracy (+ train_mean_proxy_norm for softmax), time/data_s, time/compute_s.
 
-    ``before_step(step)`` runs before each optimizer step (the per-step schedule).
+    ``before_step(step)`` runs before each optimizer step (the per-step schedule). The model's forward pass runs
+    under ``plan``'s autocast and the loss in float32; ``scaler`` (fp16) scales the backward pass.
     """
     model.train()
     loss_fn.train()
@@ -93,14 +144,12 @@ def train_one_epoch(
         data_time += start - tick
         if before_step is not None:
             before_step(step)
-        with _autocast(device):
+        with plan.autocast():
             embeddings = model(images)
         loss = loss_fn(embeddings.float(), labels)
         if not torch.isfinite(loss):
             raise TrainingDiverged(f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step {step + 1}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        optimizer_step(loss, optimizer, scaler)
         n = len(labels)
         total += float(loss.detach()) * n
         count += n
@@ -114,15 +163,24 @@ def train_one_epoch(
 
 @torch.no_grad()
 def embed(
-    model: nn.Module, images: ImageSet, image_size: int, device: torch.device, *, batch_size: int = 256, num_workers: int = 0
+    model: nn.Module,
+    images: ImageSet,
+    image_size: int,
+    device: torch.device,
+    *,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    plan: PrecisionPlan = FULL_PRECISION,
 ) -> torch.Tensor:
-    """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation."""
+    """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation, under ``plan``'s autocast."""
     model.eval()
     dataset, collate = image_dataset(images, image_size)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, pin_memory=device.type == "cuda"
+    )
     out = []
     for batch, _ in loader:
-        with _autocast(device):
+        with plan.autocast():
             out.append(model(batch.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT)).float().cpu())
     return torch.cat(out)
 
@@ -139,6 +197,7 @@ def evaluate(
     seed: int = 0,
     num_workers: int = 0,
     one_shot_ways: int = 0,
+    plan: PrecisionPlan = FULL_PRECISION,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``).
 
@@ -146,11 +205,11 @@ def evaluate(
     With ``one_shot_ways`` (self-retrieval only) also ``{prefix}_one_shot_error_{ways}way``:
     400 seeded episodes, drawn within one alphabet where the classes have alphabets.
     """
-    queries = embed(model, images, image_size, device, num_workers=num_workers)
+    queries = embed(model, images, image_size, device, num_workers=num_workers, plan=plan)
     kwargs: dict[str, Any] = {}
     if gallery is not None:
         kwargs = {
-            "gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers),
+            "gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers, plan=plan),
             "gallery_labels": gallery.labels,
         }
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
@@ -180,6 +239,8 @@ class Run:
     prefix: str
     recall_ks: tuple[int, ...]
     classes: list[int]
+    plan: PrecisionPlan = FULL_PRECISION  # config key precision on this device
+    scaler: torch.amp.GradScaler | None = None  # precision fp16's
     epoch: int = 0  # epochs completed
     metrics: dict[str, float] = field(default_factory=dict)  # of the last epoch
 
@@ -197,6 +258,7 @@ class Run:
             "kind": self.train_set.kind,
             "image_size": self.image_size,
             "in_channels": in_channels(self.train_set.kind),
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
         }
 
     def restore(self, bundle: dict[str, Any]) -> None:
@@ -205,6 +267,8 @@ class Run:
         self.optimizer.load_state_dict(bundle["optimizer"])
         self.sampler.load_state_dict(bundle["sampler"])
         set_rng_state(bundle["rng"])
+        if self.scaler is not None and "scaler" in bundle:
+            self.scaler.load_state_dict(bundle["scaler"])
         self.epoch = int(bundle["epoch"])
 
 
@@ -236,7 +300,7 @@ def fit_reduction(run: Run, num_workers: int = 0) -> None:
     """
     if run.model.pca is None:
         return
-    features = embed(run.model.backbone, run.train_set, run.image_size, run.device, num_workers=num_workers)
+    features = embed(run.model.backbone, run.train_set, run.image_size, run.device, num_workers=num_workers, plan=run.plan)
     run.model.pca.fit(features.to(run.device))
 
 
@@ -259,6 +323,7 @@ def build_run(
     if mode not in ("study", "final"):
         raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
     device = device or default_device()
+    plan = precision_plan(config.precision, device.type)
     seed_everything(config.seed)
     splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
     image_size = image_size_for(config.dataset, config.image_size)
@@ -281,8 +346,9 @@ def build_run(
     optimizer = build_optimizer(groups, config)
     sampler = ClassBatchSampler(train_set.labels, config.classes_per_batch, config.samples_per_class, seed=config.seed)
     return Run(
-        config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes
-    )
+        config, device, model, loss_fn, optimizer, sampler, train_set, eval_set, gallery, image_size, prefix, splits.recall_ks, classes,
+        plan, plan.scaler(),
+    )  # fmt: skip
 
 
 OnEpoch = Callable[[int, dict[str, float], Run], None]
@@ -335,7 +401,8 @@ def fit(
         def before_step(step: int, epoch: int = epoch, steps: int = steps) -> None:
             apply_schedule(run, epoch + step / steps)
 
-        metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, epoch=epoch, before_step=before_step)
+        step_kwargs = {"epoch": epoch, "before_step": before_step, "plan": run.plan, "scaler": run.scaler}
+        metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, **step_kwargs)
         metrics["lr_now"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
         metrics.update(run.loss_fn.schedule_metrics())
         metrics["time/train_s"] = time.perf_counter() - started
@@ -355,6 +422,7 @@ def fit(
                     seed=config.seed,
                     num_workers=num_workers,
                     one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
+                    plan=run.plan,
                 )
             )
             metrics["time/eval_s"] = time.perf_counter() - tick
