@@ -26,7 +26,15 @@ from bench.photo_data import make_sop
 from tests.conftest import wait_for
 from trainables.core import cache, data
 from trainables.core.data import DatasetError, load_dataset, source_size
-from trainables.core.transforms import CachedImages, TorchImages, center_crop_boxes, crop_resize, eval_transform, random_crop_boxes
+from trainables.core.transforms import (
+    CachedImages,
+    TorchImages,
+    center_crop_boxes,
+    crop_resize,
+    eval_transform,
+    keep_batch,
+    random_crop_boxes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32  # crop size of the tests: the cache holds source_size(32) = 37 px squares
@@ -331,3 +339,24 @@ def test_manifest_names_count_size_and_bytes(sop):
     meta = json.loads(manifest.read_text())
     size = source_size(SIZE)
     assert meta["count"] == len(every_path(splits)) and meta["size"] == size and meta["bytes"] == meta["count"] * size * size * 3
+
+
+def test_a_spawned_loader_worker_maps_the_cache_file_instead_of_a_copy(sop):
+    """A DataLoader worker started by spawn (forkserver, Python 3.14's default, pickles alike) reads the same file:
+    the pickled cache is its file's name, not its pixels, and the worker's batches are the training process's."""
+    import pickle
+
+    splits = load_dataset("sop", sop)
+    cache.attach_cache(splits, SIZE, sop)
+    decoded = splits.test.decoded
+    payload = pickle.dumps(decoded)
+    assert len(payload) < 2048 + decoded.shapes.nbytes + decoded.rows.nbytes < decoded.pixels.nbytes
+    again = pickle.loads(payload)
+    assert isinstance(again.pixels, np.memmap) and again.pixels.filename == decoded.pixels.filename
+    np.testing.assert_array_equal(again.pixels[again.rows], decoded.pixels[decoded.rows])
+    dataset = CachedImages(splits.test, SIZE)  # evaluation crops: the same in any process
+    here = dataset.__getitems__(list(range(4)))[0]
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=1, collate_fn=keep_batch, multiprocessing_context="spawn")
+    there = next(iter(loader))[0]
+    torch.testing.assert_close(there, here)
+

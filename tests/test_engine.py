@@ -112,3 +112,19 @@ def test_a_trial_trains_to_the_same_metrics_through_the_decoded_cache(tmp_path_f
         streamed, through_cache = ([m[key] for m in runs[path]] for path in (False, True))
         spread = max(max(streamed) - min(streamed), max(through_cache) - min(through_cache))
         assert abs(np.mean(through_cache) - np.mean(streamed)) <= max(spread, 0.02), (key, streamed, through_cache)
+
+
+def test_loader_workers_follow_the_trials_cpus_on_cuda_only(one_thread):
+    from types import SimpleNamespace
+
+    from trainables.core.engine import loader_workers, trial_cpus
+
+    photos, characters = SimpleNamespace(kind="photos"), SimpleNamespace(kind="characters")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert [loader_workers(None, photos, cuda, cpus) for cpus in (1, 2, 4, 8)] == [1, 1, 3, 7]
+    assert [loader_workers(None, images, cpu, 8) for images in (photos, characters)] == [0, 0]
+    assert loader_workers(None, characters, cuda, 8) == 0
+    assert [loader_workers(n, photos, device, 8) for n in (0, 5) for device in (cpu, cuda)] == [0, 0, 5, 5]  # asked for
+    assert trial_cpus() == 1  # torch's threads, which the trainable sets to the trial's CPUs
+    torch.set_num_threads(2)
+    assert trial_cpus() == 2

@@ -77,6 +77,17 @@ class Decoded:
     def size(self) -> int:
         return self.pixels.shape[1]
 
+    def __reduce__(self):
+        # a DataLoader worker started by spawn or forkserver gets the map's file, not a copy of the whole cache
+        pixels = self.pixels
+        if isinstance(pixels, np.memmap) and pixels.filename is not None:
+            return _mapped, (pixels.filename, pixels.offset, pixels.shape, self.shapes, self.rows)
+        return Decoded, (pixels, self.shapes, self.rows)
+
+
+def _mapped(filename: str, offset: int, shape: tuple[int, ...], shapes: np.ndarray, rows: np.ndarray) -> Decoded:
+    return Decoded(np.memmap(filename, np.uint8, "r", offset=offset, shape=shape), shapes, rows)
+
 
 @dataclass
 class ImageSet:

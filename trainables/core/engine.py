@@ -114,6 +114,25 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler:
     scaler.update()
 
 
+def trial_cpus() -> int:
+    """The CPUs a run may use: torch's intra-op threads, which the trainable sets to the CPUs Ray assigned the trial
+    (``trainables.dml``) and ``study.final`` to its seed's share of the machine."""
+    return max(1, torch.get_num_threads())
+
+
+def loader_workers(requested: int | None, images: ImageSet, device: torch.device, cpus: int) -> int:
+    """The DataLoader worker processes of a run: ``requested`` when given, else the one rule.
+
+    Photos on CUDA: ``cpus`` - 1, at least 1. The workers read, crop and resize while the GPU computes, and the
+    training process keeps one CPU to launch its kernels. Everything else: 0, batches made in the training process
+    between steps as before: on the CPU the model's compute uses the trial's every core (a worker would only take
+    them from it), and characters are decoded in memory already.
+    """
+    if requested is not None:
+        return requested
+    return max(1, cpus - 1) if device.type == "cuda" and images.kind == "photos" else 0
+
+
 def train_one_epoch(
     model: nn.Module,
     loss_fn: nn.Module,
@@ -313,12 +332,12 @@ def build_run(
     device: torch.device | None = None,
     download: bool = False,
     source: str = "config",
-    num_workers: int = 0,
+    num_workers: int | None = None,
 ) -> Run:
     """Data, model, loss, optimizer and sampler of ``config`` (seeded); ``source`` names the config in errors.
 
-    Photos are read through the node's decoded cache (``cache.attach_cache``, built with ``num_workers``
-    processes by the first run that needs it) unless it does not fit; then they stream from their files.
+    Photos are read through the node's decoded cache (``cache.attach_cache``, built with :func:`trial_cpus`
+    processes, or ``num_workers`` if more, by the first run that needs it) unless it does not fit; then they stream from their files.
     """
     if mode not in ("study", "final"):
         raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
@@ -327,7 +346,7 @@ def build_run(
     seed_everything(config.seed)
     splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
     image_size = image_size_for(config.dataset, config.image_size)
-    attach_cache(splits, image_size, data_root, workers=max(1, num_workers))
+    attach_cache(splits, image_size, data_root, workers=max(trial_cpus(), num_workers or 0))
     if mode == "study":
         where = dataset_label(config.dataset, data_root)
         fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
@@ -370,18 +389,20 @@ def fit(
     device: torch.device | None = None,
     resume: dict[str, Any] | None = None,
     eval_every: int = 1,
-    num_workers: int = 0,
+    num_workers: int | None = None,
     download: bool = False,
 ) -> Run:
     """Train ``config`` to its last epoch; returns the run (``run.metrics``: the last epoch's).
 
     ``resume`` is a bundle from ``Run.bundle()``: training continues after its
     epoch with the same model, optimizer, sampler and RNG states. Evaluation
-    runs every ``eval_every`` epochs and always after the last.
+    runs every ``eval_every`` epochs and always after the last. ``num_workers``: the DataLoaders' worker
+    processes; None sizes them from the trial's CPUs (:func:`loader_workers`).
     """
     run = build_run(config, mode=mode, data_root=data_root, splits=splits, device=device, download=download, num_workers=num_workers)
     if resume is not None:
         run.restore(resume)
+    num_workers = loader_workers(num_workers, run.train_set, run.device, trial_cpus())
     label_index = {c: i for i, c in enumerate(run.classes)}
     dataset, collate = image_dataset(run.train_set, run.image_size, config.augment, label_index)
     loader = torch.utils.data.DataLoader(
