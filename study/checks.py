@@ -1,4 +1,4 @@
-"""Checks of what a study will connect to, made before it does: the Ray cluster and the Optuna storage.
+"""Checks of what a study will connect to, made before it does: the Ray cluster, the Optuna storage and the photos.
 
 Each check answers in seconds with a :class:`study.inputs.UsageError` of one line
 naming the flag, where the library it guards would retry for minutes (Ray, on an
@@ -15,6 +15,8 @@ from pathlib import Path
 from study import tracking
 from study.inputs import UsageError, redacted
 from study.journal import journal_file
+from trainables.core.cache import attach_cache
+from trainables.core.data import DatasetSplits, image_size_for
 
 CONNECT_TIMEOUT_S = 5.0
 # The one database port a URL may leave out, by SQLAlchemy dialect; others go unchecked.
@@ -139,3 +141,22 @@ def check_optuna_storage(storage: str) -> str:
         if port:
             check_listening(url.host, port, flag, "expected a running database server")
     return storage
+
+
+def check_photos(
+    splits: DatasetSplits, dataset: str, image_size: int, data_root: str | os.PathLike | None, workers: int | None = None
+) -> bool:
+    """Every photo of ``splits`` (dataset ``dataset``) decodes, checked through the node's decoded cache
+    (``trainables.core.cache``) at the trials' crop size (config key ``image_size``, 0 the dataset's default).
+
+    A complete cache is read, nothing decoded: its build decoded each image once and stops at the first bad one.
+    Else the driver builds it with ``workers`` processes (default: this machine's CPUs), and the trials on this node
+    decode nothing again. A bad image is a ``DatasetError`` of one line naming its file.
+
+    Returns whether the photos were checked: False for characters (decoded and checked when loaded) and when the
+    cache is off (``$DML_CACHE_MAX_GB``, the disk's free space; the log says which): then the trials stream the files
+    and a bad one fails its trial with the same line.
+    """
+    photos = any(s is not None and s.kind == "photos" and s.paths is not None for s in (splits.train, splits.test, splits.gallery))
+    size = image_size_for(dataset, image_size)
+    return photos and attach_cache(splits, size, data_root, workers=workers or os.cpu_count() or 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -360,3 +361,22 @@ def test_a_spawned_loader_worker_maps_the_cache_file_instead_of_a_copy(sop):
     there = next(iter(loader))[0]
     torch.testing.assert_close(there, here)
 
+
+def test_the_drivers_photo_check_builds_the_cache_once_and_then_decodes_nothing(sop, decodes, monkeypatch):
+    from study.checks import check_photos
+
+    splits = load_dataset("sop", sop)
+    assert check_photos(splits, "sop", SIZE, sop, workers=1)
+    assert sorted(decodes) == sorted(every_path(splits))  # no cache yet: the check built it, each image once
+    decodes.clear()
+    assert check_photos(load_dataset("sop", sop), "sop", SIZE, sop) and decodes == []  # a cache present: read, not decoded
+    trial = load_dataset("sop", sop)
+    assert cache.attach_cache(trial, SIZE, sop) and decodes == []  # a trial on the node reads the check's build
+    assert check_photos(load_dataset("synthetic", None), "synthetic", 0, sop) is False  # characters: checked when loaded
+    monkeypatch.setenv(cache.CACHE_MAX_GB_ENV, "0")
+    assert check_photos(load_dataset("sop", sop), "sop", SIZE, sop) is False and decodes == []  # cache off: trials stream
+    monkeypatch.delenv(cache.CACHE_MAX_GB_ENV)
+    bad = Path(splits.train.paths[3])
+    truncated_jpeg(bad)  # a changed file: a new key, a new build, which stops at it with its one line
+    with pytest.raises(DatasetError, match=rf"^{re.escape(str(bad))}: unreadable image \(OSError[^\n]*$"):
+        check_photos(load_dataset("sop", sop), "sop", SIZE, sop, workers=1)
