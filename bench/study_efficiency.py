@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from study import tracking  # noqa: E402
-from study.records import epochs_trained  # noqa: E402
 from study.search import open_storage  # noqa: E402
 from study.spaces import VARIANT, load_space  # noqa: E402
+from study.trial import epochs_trained  # noqa: E402
 
 SEARCH = ROOT / "bench" / "efficiency_search.yaml"
 SEARCHES = ("budget-tpe", "budget-random", "asha-tpe", "asha-random")  # scheduler-sampler
@@ -97,7 +97,7 @@ def launch(name: str, space: Path, args: argparse.Namespace, extra: list[str]) -
     else:
         command = [
             sys.executable, "-m", "study.launch", "--space", str(space), "--study-name", name, *store,
-            "--max-concurrent", str(args.max_concurrent), "--cpus-per-trial", "1", "--confirm-seeds", "0", *extra,
+            "--max-concurrent", str(args.max_concurrent), "--cpus-per-trial", "1", "--confirm-budget", "0", *extra,
         ]  # fmt: skip
     print("$", " ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)

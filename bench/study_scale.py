@@ -204,7 +204,7 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
         import optuna
 
         from study.journal import open_storage
-        from study.records import epochs_trained
+        from study.trial import epochs_trained
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))

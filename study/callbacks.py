@@ -179,7 +179,8 @@ class Progress(Callback):
     """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has ended, the
     time left (``time_left``).
 
-    ``num_samples`` search trials, then up to ``reruns`` confirmation re-runs, counted apart (never "the best").
+    ``num_samples`` search trials, then the race's re-runs, counted apart (never "the best"): ``reruns`` is the
+    race's first round (one re-run per candidate), what the time left counts; later rounds depend on its scores.
     """
 
     def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int, reruns: int = 0) -> None:
@@ -233,7 +234,7 @@ class Progress(Callback):
         elapsed = time.time() - self.started
         left = self._time_left(trials, finished, running, reruns_running)
         left_text = f", ~{format_duration(left)} left" if left is not None else ""
-        rerun_text = f", re-runs {reruns_done}/{self.reruns} done" if reruns else ""
+        rerun_text = f", race re-runs {reruns_done} done, {reruns - reruns_done} running" if reruns else ""
         print(
             f"[{elapsed:6.0f} s{left_text}] {len(trials) - reruns}/{self.num_samples} trials: {counts['running']} running, "
             f"{counts[COMPLETE]} complete, {counts[PRUNED]} pruned, {counts[FAIL]} failed{rerun_text} | {best_text} | {event}",

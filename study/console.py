@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from study import tracking
 from study.recorder import spool_path
+from study.selection import standing
 from study.tracking import runs_dir
 from trainables.core.config import TrainConfig, applicable_keys
 
@@ -139,11 +140,15 @@ def ui_command(uri: str, experiment_id: str | None = None) -> str:
 
 
 def print_selection(selection: Selection, metric: str) -> None:
-    """The top trials' re-runs and the pick, one line each."""
-    print(f"the top trials re-run with extra seeds ({metric}: the trial's score, then each extra seed's):")
+    """The race of the top trials over validation folds (or an older study's seed re-runs) and the pick, one line each."""
+    folds = bool(selection.winner.folds)
+    what = "raced over validation folds (the trial's own fold 0, then each re-run's)" if folds else "re-run with extra seeds"
+    print(f"the top trials {what}, {metric}:")
     for c in selection.ranking:
         sem = f" +- {c.sem:.4f}" if math.isfinite(c.sem) else ""
-        print(f"  Optuna #{c.key}: mean {c.mean:.4f}{sem} over {len(c.scores)} ({', '.join(f'{v:.4f}' for v in c.scores)})")
+        scores = ", ".join(f"{v:.4f}" for v in c.scores)
+        status = f"; {standing(c)}" if folds else ""
+        print(f"  Optuna #{c.key}: mean {c.mean:.4f}{sem} over {len(c.scores)} ({scores}){status}")
     print(f"pick: Optuna #{selection.winner.key}, {selection.verdict()}")
 
 

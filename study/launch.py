@@ -43,12 +43,20 @@ from study.record import METRICS, SAMPLERS, StudyRecord
 from study.record import flag_names as record_flag_names
 from study.recorder import TrialRecorder, spool_path
 from study.schedulers import SCHEDULERS, describe, ladder
-from study.selection import Selection, rerun_candidates, select, selection_record
+from study.selection import RaceRules, Selection, race_selection, rerun_candidates, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import DEFAULT_EXPERIMENT
-from study.trial import confirmed_trial, is_finite_number
+from study.trial import FOLD_KEY, confirmed_trial, epochs_trained, is_finite_number, race_table
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
-from trainables.core.data import DATA_ROOT_ENV, DatasetError, check_retrieval_set, dataset_label, load_dataset, validation_split
+from trainables.core.data import (
+    DATA_ROOT_ENV,
+    DatasetError,
+    check_retrieval_set,
+    dataset_label,
+    load_dataset,
+    validation_folds,
+    validation_split,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +105,15 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
         "grid spaces always use the grid",
     )
     a("--seed", type=int, default=0, help="seed of the sampler (trials keep their config's seed)")
-    a("--confirm-top", type=int, default=3, help="before naming the best, re-run this many top complete trials (default 3)")
+    a("--confirm-top", type=int, default=3, help="before naming the best, race this many top complete trials (default 3)")
     a(
-        "--confirm-seeds",
-        type=int,
-        default=1,
-        help="extra seeds each of them is re-run with at the full budget; the best mean wins (default 1; 0: name the single best score)",
+        "--confirm-budget",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="the race's budget, a share of the epochs the search trained: the top trials re-train on other validation folds "
+        "in rounds, the clearly beaten are dropped, until one leads beyond noise or the budget or folds run out "
+        "(study.selection; default 0.25; 0: name the single best score)",
     )
 
 
@@ -182,8 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad("--epochs", args.epochs, "an integer >= 1")
     if args.confirm_top < 1:
         bad("--confirm-top", args.confirm_top, "an integer >= 1")
-    if args.confirm_seeds < 0:
-        bad("--confirm-seeds", args.confirm_seeds, "an integer >= 0")
+    if not 0 <= args.confirm_budget <= 100:
+        bad("--confirm-budget", args.confirm_budget, "a share of the search's epochs from 0 to 100 (e.g. 0.25)")
     if args.grace_period is not None and args.grace_period < 1:
         bad("--grace-period", args.grace_period, "an integer >= 1")
     if args.reduction_factor is not None and not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
@@ -306,14 +317,15 @@ class StudySettings:
         return self.record.epochs
 
     @property
-    def rerun_seeds(self) -> int:
-        """The extra seeds of each top trial's confirmation re-runs (study.selection): none on a grid."""
-        return 0 if self.space.is_grid else self.record.confirm_seeds
+    def confirm_budget(self) -> float:
+        """The race's budget as a share of the search's epochs (study.selection): none on a grid."""
+        return 0.0 if self.space.is_grid else self.record.confirm_budget
 
     @property
     def reruns(self) -> int:
-        """The confirmation re-runs the study's Tuner trains at most, after its ``num_samples`` trials."""
-        return self.record.confirm_top * self.rerun_seeds
+        """The race's re-runs the study's Tuner trains at most, after its ``num_samples`` trials: each candidate on
+        every other fold."""
+        return self.record.confirm_top * (self.record.val_folds - 1) if self.confirm_budget > 0 else 0
 
     @property
     def experiment_dir(self) -> str:
@@ -340,7 +352,8 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     max_epochs = base_config(space).epochs
     scheduler, grace_period, reduction_factor = early_stopping_flags(args, max_epochs)
     data_root = tracking.resolve_data_root(args.data_root)
-    fit_classes = check_dataset(space, data_root) if args.rehearse is None else 0  # a rehearsal reads no data
+    # a rehearsal reads no data: as many folds as val_fraction gives a large class split
+    fit_classes, val_folds = check_dataset(space, data_root) if args.rehearse is None else (0, int(1 / base_config(space).val_fraction))
     name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage_path = check_storage(args.storage_path or str(tracking.runs_dir() / "ray"))
     if note := shared_storage_note(args.address, storage_path):
@@ -367,6 +380,7 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         reuse_actors=args.reuse_actors,
         final_epochs=space.final_epochs(max_epochs),
         fit_classes=fit_classes,
+        val_folds=val_folds,
         data_root=data_root,
         fixed={k: str(v) for k, v in space.fixed.items()},
     )
@@ -429,8 +443,9 @@ def max_classes_per_batch(space: Space) -> int:
     return max(values)
 
 
-def check_dataset(space: Space, data_root: str | None) -> int:
-    """Load the dataset once on the driver: the space must be able to fill its batches. Returns #fit classes."""
+def check_dataset(space: Space, data_root: str | None) -> tuple[int, int]:
+    """Load the dataset once on the driver: the space must be able to fill its batches. Returns the number of fit
+    classes and of validation folds (``data.validation_folds``: the folds a confirmation race can hold out)."""
     config = base_config(space)
     splits = load_dataset(config.dataset, data_root, config.image_size)
     where = dataset_label(config.dataset, data_root)
@@ -441,7 +456,7 @@ def check_dataset(space: Space, data_root: str | None) -> int:
         check_classes_per_batch(max_classes_per_batch(space), len(fit_classes), config.dataset, split, "fit")
     except ConfigError as error:
         raise SpaceError(str(error)) from None
-    return len(fit_classes)
+    return len(fit_classes), validation_folds(splits.train, config.val_split, config.val_fraction)
 
 
 def shared_storage_note(address: str | None, storage_path: str) -> str | None:
@@ -569,18 +584,19 @@ def trainable(settings: StudySettings):
 
 
 def new_tuner(settings: StudySettings, recorder: TrialRecorder):
-    """A Tuner of the study: the Optuna searcher and then the confirmation re-runs (at most --max-concurrent trials at
+    """A Tuner of the study: the Optuna searcher and then the race's re-runs (at most --max-concurrent trials at
     once), the scheduler, MLflow and progress callbacks."""
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.search import ConcurrencyLimiter
 
     from study.callbacks import KeepState, MlflowTrials, Progress
-    from study.search import ConfirmingSearcher
+    from study.search import RacingSearcher
 
     s = settings
-    searcher = ConfirmingSearcher(
-        s.space, s.record.optuna_storage, s.name, trials=s.record.num_samples, top=s.record.confirm_top, seeds=s.rerun_seeds,
+    searcher = RacingSearcher(
+        s.space, s.record.optuna_storage, s.name, trials=s.record.num_samples, top=s.record.confirm_top, budget=s.confirm_budget,
+        folds=s.record.val_folds,
         metric=s.record.metric, mode=s.record.mode, max_epochs=s.max_epochs, seed=s.record.seed, sampler=s.record.sampler,
     )  # fmt: skip
     scheduler = s.early_stopping.scheduler
@@ -600,7 +616,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
             verbose=0,
             callbacks=[
                 MlflowTrials(recorder, s.record.metric, s.max_epochs),
-                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.reruns),
+                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.record.confirm_top if s.reruns else 0),
                 *([KeepState(s.experiment_dir)] if "://" not in s.experiment_dir else []),
                 CSVLoggerCallback(),
                 JsonLoggerCallback(),
@@ -641,20 +657,22 @@ def fresh_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRec
 
 
 def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selection | None:
-    """The top complete trials ranked by their mean over their own score and their re-runs' (study.selection);
-    None when nothing was re-run (a grid, --confirm-seeds 0, fewer than two complete trials). ``results``: the
-    Tuner's ResultGrid, re-runs included."""
+    """The race of the top complete trials over validation folds (study.selection), replayed on every score: the
+    trials' own and their re-runs'; None when nothing raced (a grid, --confirm-budget 0, fewer than two complete
+    trials). ``results``: the Tuner's ResultGrid, re-runs included."""
     s = settings
-    complete = {t.number: t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    numbers = rerun_candidates(complete, s.record.confirm_top, s.record.mode, s.rerun_seeds)
-    if not numbers:
+    trials = study.get_trials(deepcopy=False)
+    complete = {t.number: t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+    numbers = rerun_candidates(complete, s.record.confirm_top, s.record.mode)
+    if s.confirm_budget <= 0 or s.record.val_folds < 2 or not numbers:
         return None
-    reruns = {n: {} for n in numbers}  # Optuna trial -> {seed: score}
+    scores = {}  # (Optuna trial, fold) -> score; NaN for a re-run that failed
     for result in results:
         n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.record.metric)
-        if n in reruns and result.error is None and is_finite_number(value):
-            reruns[n][int(result.config["seed"])] = float(value)
-    selection = select({n: [complete[n], *(v for _, v in sorted(reruns[n].items()))] for n in numbers}, s.record.mode)
+        if n is not None and FOLD_KEY in result.config:
+            scores[n, int(result.config[FOLD_KEY])] = float(value) if result.error is None and is_finite_number(value) else math.nan
+    rules = RaceRules(s.record.mode, s.record.val_folds, s.confirm_budget * sum(epochs_trained(t) for t in trials), s.max_epochs)
+    selection = race_selection(race_table(complete, numbers, scores), rules)
     study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
     return selection
 
@@ -667,7 +685,12 @@ def print_header(s: StudySettings) -> None:
     import ray
 
     ray_address = ray.get_runtime_context().gcs_address
-    reruns = f", then the top {s.record.confirm_top} re-run with {s.record.confirm_seeds} more seed(s) each" if s.reruns else ""
+    reruns = (
+        f", then a race of the top {s.record.confirm_top} over up to {s.record.val_folds - 1} more validation folds "
+        f"(budget {s.confirm_budget:g} x the search's epochs)"
+        if s.reruns
+        else ""
+    )
     rehearsal = f"rehearsal ({s.record.rehearse:g} s per surrogate epoch, no training) of " if s.record.rehearse is not None else ""
     print(
         f"{rehearsal}study {s.name}: {s.record.num_samples} trials of up to {s.max_epochs} epochs{reruns}, space {s.space.path}, "

@@ -71,7 +71,9 @@ class StudyRecord:
     seed: int = recorded(_int, flag=True)
     metric: str = recorded(str, flag=True)
     confirm_top: int = recorded(_int, old=3, flag=True)
-    confirm_seeds: int = recorded(_int, old=0, flag=True)  # studies before the confirmation re-runs named the single best
+    # the race's budget, a share of the search's epochs (study.selection); a study recorded before the race (it re-ran
+    # its top trials with seeds) resumes without one
+    confirm_budget: float = recorded(float, old=0.0, flag=True)
     max_concurrent: int | None = recorded(_optional_int, flag=True)  # resolved at the study's start: what --resume continues with
     cpus_per_trial: float = recorded(float, flag=True)
     gpus_per_trial: float = recorded(float, flag=True)
@@ -84,6 +86,7 @@ class StudyRecord:
     optuna_storage: str = recorded(str, flag=True)  # where the study is: --resume NAME needs nothing else
     storage_path: str = recorded(str, flag=True)
     fit_classes: int = recorded(_int)
+    val_folds: int = recorded(_int, old=1)  # the class-disjoint validation folds of the data (trainables.core.data)
     data_root: str | None = recorded(_optional, old=None)
     fixed: Mapping[str, str] = field(default_factory=dict)  # the space's fixed values (params fixed.<key>, as text)
 

@@ -28,6 +28,7 @@ from study import tracking
 from study.recorder import TrialRecorder, run_name, training_runs
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
+from study.trial import epochs_trained
 from study.utilization import Utilization, study_utilization
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
@@ -58,15 +59,11 @@ class StudySummary:
     final_epochs: int | None = None  # what study.final --study trains the pick to
 
 
-def epochs_trained(trial: optuna.trial.FrozenTrial) -> int:
-    """Epochs a trial trained: a ladder of budgets records them; else one intermediate value per epoch."""
-    return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
-
-
 def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Selection | None = None) -> StudySummary:
     """Counts, the best complete trial and its config, from the Optuna storage (the study's record of truth).
 
-    With a ``selection`` (the top trials re-run with extra seeds), the best is its winner, not the single best score.
+    With a ``selection`` (the race of the top trials over validation folds), the best is its winner, not the single best
+    score.
     """
     trials = study.get_trials(deepcopy=False)
     if selection is None and "selection" in study.user_attrs:  # a study synced or finished again after its confirmation runs
@@ -213,8 +210,8 @@ def with_final(note: str, summary: dict[str, float], seeds: int, epochs: int, mo
 
 def study_note(summary: StudySummary, metric: str, picked_run: str | None, trials_epochs: str | None) -> str:
     """The parent run's description (``mlflow.note.content``, Markdown), short paragraphs with the essentials first
-    (MLflow's run page shows its first lines folded): the pick, its loss, its mean and standard error over seeds and the
-    verdict; what ``study.final --study`` trains; where the rest is."""
+    (MLflow's run page shows its first lines folded): the pick, its loss, its mean and standard error over validation
+    folds and the verdict; what ``study.final --study`` trains; where the rest is."""
     name = summary.study_name
     best, selection = summary.best, summary.selection
     if best is None:
@@ -225,7 +222,8 @@ def study_note(summary: StudySummary, metric: str, picked_run: str | None, trial
         winner = selection.winner
         sem = f" ± {winner.sem:.4f} (standard error)" if math.isfinite(winner.sem) else ""
         scores = ", ".join(f"{v:.4f}" for v in winner.scores)
-        score = f"{metric} mean {winner.mean:.4f}{sem} over {len(winner.scores)} seeds ({scores}); {selection.verdict()}"
+        over = f"{len(winner.scores)} validation folds" if winner.folds else f"{len(winner.scores)} seeds"
+        score = f"{metric} mean {winner.mean:.4f}{sem} over {over} ({scores}); {selection.verdict()}"
     else:
         score = f"{metric} {float(best.value):.4f}, one seed (no confirmation re-runs)"
     epochs = summary.final_epochs or trials_epochs

@@ -40,6 +40,7 @@ import yaml
 from study import artifacts, inputs, names, plots, records, tracking
 from study.record import StudyRecord
 from study.schedulers import describe_rule
+from study.selection import selection_from_record, standing
 from trainables.core.budgets import rung_budgets
 from trainables.core.config import TrainConfig
 
@@ -384,22 +385,34 @@ def schedule_epochs(run, history: dict[int, float]) -> int:
 
 
 def pick_section(record: dict[str, Any] | None, names: dict[int, str]) -> list[Block]:
-    """How the study picked its best trial: the confirmation re-runs of ``record`` (selection.json) by mean, and the verdict.
+    """How the study picked its best trial: the race of ``record`` (selection.json) over validation folds, or an older
+    study's seed re-runs, by mean, and the verdict.
 
-    ``names``: the trials' run names by Optuna number. Nothing without a record (a grid, or ``--confirm-seeds 0``).
+    ``names``: the trials' run names by Optuna number. Nothing without a record (a grid, or ``--confirm-budget 0``).
     """
     if not record:
         return []
     name = lambda n: names.get(n, f"Optuna #{n}")  # noqa: E731
-    ranking = record["ranking"]
-    header = ("trial", "mean ± standard error", "scores (the trial's own, then each extra seed)")
-    rows = tuple((name(e["trial"]), f"{e['mean']:.4f} ± {e['sem']:.4f}", ", ".join(f"{v:.4f}" for v in e["scores"])) for e in ranking)
-    return [
-        Heading(2, "The pick: the top trials re-run with extra seeds"),
-        Paragraph("A single score is one seed's; the study picks the best mean over seeds, so the pick need not be the top row above."),
-        Table(header, rows),
-        Paragraph(f"picked: {name(ranking[0]['trial'])}, the best mean; {record['verdict']}."),
-    ]
+    selection = selection_from_record(record, "max")  # the record's ranking as it is: the mode only matters for old ones
+    folds = bool(selection.winner.folds)
+    by = "scores by fold (0: the trial's own)" if folds else "scores (the trial's own, then each extra seed)"
+    header = ("trial", "mean ± standard error", by) + (("in the race",) if folds else ())
+
+    def row(c) -> tuple[str, ...]:
+        scores = ", ".join(f"{f}: {v:.4f}" for f, v in zip(c.folds, c.scores)) if folds else ", ".join(f"{v:.4f}" for v in c.scores)
+        return (name(c.key), f"{c.mean:.4f} ± {c.sem:.4f}", scores) + ((standing(c),) if folds else ())
+
+    rows = tuple(row(c) for c in selection.ranking)
+    title, how = (
+        ("The pick: the top trials raced over validation folds", "A single score is one fold's held-out classes; the race re-trains "
+         "the top trials on other classes, drops a trial the leader beats fold by fold (paired t-test, Holm), and picks the best "
+         "mean of those left, so the pick need not be the top row above.")
+        if folds else
+        ("The pick: the top trials re-run with extra seeds", "A single score is one seed's; the study picks the best mean over seeds, "
+         "so the pick need not be the top row above.")
+    )  # fmt: skip
+    picked = Paragraph(f"picked: {name(selection.winner.key)}, the best mean; {record['verdict']}.")
+    return [Heading(2, title), Paragraph(how), Table(header, rows), picked]
 
 
 def best_config(client, parent, out: Path, picked: bool = False, final_epochs: int | None = None) -> list[Block]:

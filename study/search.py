@@ -23,6 +23,7 @@ history.
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 from typing import Any
 
@@ -32,9 +33,9 @@ from ray.tune.search import Searcher
 
 from study.journal import open_storage
 from study.record import SAMPLERS
-from study.selection import rerun_candidates
+from study.selection import RaceRules, race, rerun_candidates
 from study.spaces import Space
-from study.trial import COMPLETE, FAIL, PRUNED, confirmation_config, extra_seeds, is_finite_number, trial_outcome
+from study.trial import COMPLETE, FAIL, PRUNED, epochs_trained, is_finite_number, race_config, race_table, trial_outcome
 
 log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
@@ -154,37 +155,64 @@ class OptunaSearcher(Searcher):
         self._reported = {tid: set(stored[trial.number].intermediate_values) for tid, trial in self._live.items()}
 
 
-class ConfirmingSearcher(OptunaSearcher):
-    """``trials`` trials from Optuna, then the re-runs of the top ``top`` complete ones with ``seeds`` extra seeds each.
+class RacingSearcher(OptunaSearcher):
+    """``trials`` trials from Optuna, then the race of the top ``top`` complete ones over validation folds
+    (study.selection): re-runs at the full budget, each on another fold.
 
-    A top trial is re-run as soon as it is settled (``study.selection.rerun_candidates``: no trial still to end can
-    push it out of the top ``top``), so the re-runs start while the search's last trials run, in the same Tuner and
-    its warm workers. ``seeds`` 0 (a grid, ``--confirm-seeds 0``) re-runs nothing. The Tuner's ``num_samples`` is
-    ``trials + top x seeds``; the searcher says FINISHED once it has nothing more to give.
+    Round 1 (fold 1) starts for a top trial as soon as it is settled (``rerun_candidates``: no trial still to end can
+    push it out of the top ``top``), while the search's last trials run, in the same Tuner and its warm workers.
+    Later rounds start once the search is over and the round before has every score: ``race`` says who is left and
+    which fold they need, with the budget ``budget`` x the epochs the search trials trained. ``budget`` 0 (and a
+    grid) re-runs nothing. The Tuner's ``num_samples`` is ``trials + top x (folds - 1)``; the searcher says FINISHED
+    once the race is over.
     """
 
-    def __init__(self, space: Space, storage, study_name: str, *, trials: int, top: int, seeds: int, **kwargs: Any) -> None:
+    def __init__(self, space: Space, storage, study_name: str, *, trials: int, top: int, budget: float, folds: int, **kwargs: Any) -> None:
         super().__init__(space, storage, study_name, **kwargs)
-        self.trials, self.top, self.seeds = trials, top, seeds
-        self.reruns: dict[str, tuple[int, int]] = {}  # Tune trial id of a re-run -> (Optuna trial, seed)
+        self.trials, self.top, self.budget, self.folds = trials, top, budget, folds
+        self.reruns: dict[str, tuple[int, int]] = {}  # Tune trial id of a re-run -> (Optuna trial, fold)
+        self.scores: dict[tuple[int, int], float] = {}  # (Optuna trial, fold) -> the re-run's score (NaN: it failed)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if len(self.numbers) < self.trials:
             return super().suggest(trial_id)
+        if self.budget <= 0 or self.folds < 2:
+            return Searcher.FINISHED
         unfinished = len(self._live)  # the search's trials still running, as Tune has told this searcher
         complete = {t.number: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
         given = set(self.reruns.values())
-        for number in rerun_candidates({n: t.value for n, t in complete.items()}, self.top, self.mode, self.seeds, unfinished):
-            config = complete[number].user_attrs["config"]
-            for seed in extra_seeds(config, self.seeds):
-                if (number, seed) not in given:
-                    self.reruns[trial_id] = (number, seed)
-                    return confirmation_config(config, seed, number)
-        return Searcher.FINISHED if unfinished == 0 else None  # else wait: a trial that ends may settle another
+        for number, fold in self.due(complete, unfinished):
+            if (number, fold) not in given:
+                self.reruns[trial_id] = (number, fold)
+                return race_config(complete[number].user_attrs["config"], fold, number)
+        running = len(given) - len(self.scores)
+        return Searcher.FINISHED if unfinished == 0 and running == 0 else None  # else wait: a result may start a round
+
+    def due(self, complete: dict[int, optuna.trial.FrozenTrial], unfinished: int) -> list[tuple[int, int]]:
+        """The re-runs the race needs now: round 1 of the settled candidates while the search runs, then the race's."""
+        values = {n: t.value for n, t in complete.items()}
+        if unfinished:
+            return [(n, 1) for n in rerun_candidates(values, self.top, self.mode, unfinished)]
+        candidates = rerun_candidates(values, self.top, self.mode)
+        state = race(race_table(values, candidates, self.scores), self.rules(complete))
+        return [] if state.next_fold is None else [(n, state.next_fold) for n in state.alive]
+
+    def rules(self, complete: dict[int, optuna.trial.FrozenTrial]) -> RaceRules:
+        """The race's rules once the search is over: its budget is a share of the epochs every search trial trained."""
+        spent = sum(epochs_trained(t) for t in self.study.get_trials(deepcopy=False))
+        return RaceRules(self.mode, self.folds, self.budget * spent, self.max_epochs)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self.reruns:
+            value = (result or {}).get(self.metric)
+            self.scores[self.reruns[trial_id]] = float(value) if not error and is_finite_number(value) else math.nan
+            return
+        super().on_trial_complete(trial_id, result, error)
 
     def saved_state(self) -> dict[str, Any]:
-        return {**super().saved_state(), "reruns": self.reruns}
+        return {**super().saved_state(), "race": self.reruns, "race_scores": self.scores}
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
-        self.reruns = state.get("reruns", {})
+        self.reruns = state.get("race", {})  # a study saved before the race kept seed re-runs ("reruns"): not folds
+        self.scores = state.get("race_scores", {})

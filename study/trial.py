@@ -44,24 +44,30 @@ def trial_outcome(last_result: Mapping[str, Any] | None, *, error: bool, metric:
     return COMPLETE if epochs_done(last_result) >= max_epochs else PRUNED
 
 
+def epochs_trained(trial: Any) -> int:
+    """The epochs an Optuna trial (a FrozenTrial) trained over every budget: its ``epochs_trained`` user attribute,
+    else (a study recorded before it) one per reported value."""
+    return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
+
+
 # ----------------------------------------------------------------------------- re-runs
 CONFIRMS_KEY = "confirms_trial"  # in a re-run's config: the number of the Optuna trial it re-runs
+FOLD_KEY = "val_fold"  # the training config's key of the validation classes held out (trainables.core.data)
 
 
-def with_seed(config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The same configuration trained from another seed."""
-    return {**config, "seed": int(seed)}
+def race_config(config: dict[str, Any], fold: int, number: int) -> dict[str, Any]:
+    """The config of Optuna trial ``number``'s re-run on validation fold ``fold``, from seed + ``fold`` (the trial's
+    own run is fold 0 from its seed)."""
+    return {**config, FOLD_KEY: int(fold), "seed": int(config.get("seed", 0)) + int(fold), CONFIRMS_KEY: int(number)}
 
 
-def extra_seeds(config: dict[str, Any], n: int) -> list[int]:
-    """``n`` seeds after the configuration's own: seed + 1, ..., seed + n."""
-    base = int(config.get("seed", 0))
-    return [base + i for i in range(1, n + 1)]
-
-
-def confirmation_config(config: dict[str, Any], seed: int, number: int) -> dict[str, Any]:
-    """The config of a re-run of Optuna trial ``number`` from ``seed``."""
-    return {**with_seed(config, seed), CONFIRMS_KEY: int(number)}
+def race_table(values: Mapping[int, float], candidates: list[int], scores: Mapping[tuple[int, int], float]) -> dict[int, dict[int, float]]:
+    """The race's table (study.selection.race): each candidate's own score as fold 0, then its re-runs' by fold."""
+    table = {n: {0: float(values[n])} for n in candidates}
+    for (n, fold), value in scores.items():
+        if n in table:
+            table[n][fold] = value
+    return table
 
 
 def confirmed_trial(config: dict[str, Any]) -> int | None:

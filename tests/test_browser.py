@@ -40,7 +40,7 @@ def finished(tmp_path_factory):
     runs = tmp_path_factory.mktemp("browser") / "runs"
     undo = use_runs(runs)
     try:
-        argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "3", "--confirm-seeds", "0"]
+        argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "3", "--confirm-budget", "0"]
         assert launch.main([*argv, "--study-name", STUDY]) == 0
         assert report.main(["--study", STUDY]) == 0
         yield runs

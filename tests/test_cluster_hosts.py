@@ -290,7 +290,7 @@ def assert_recorded_once(c: Cluster, study: str, trials: int) -> dict[str, dict]
 def launch_command(study: str, storage: str, *flags: str) -> str:
     """study.launch on the head, as README runs it: `ray exec CLUSTER 'cd ~/dml && python -m study.launch ...'`."""
     argv = ["python", "-m", "study.launch", "--address", "auto", "--tracking-uri", "http://127.0.0.1:5000"]
-    argv += ["--storage-path", storage, "--study-name", study, "--confirm-seeds", "0", *flags]
+    argv += ["--storage-path", storage, "--study-name", study, "--confirm-budget", "0", *flags]
     # $DML_STORAGE stays for the head's shell, as in README's command
     return "cd ~/dml && " + " ".join(a if a.startswith("$DML_STORAGE") else shlex.quote(a) for a in argv)
 

@@ -166,7 +166,7 @@ def test_a_study_with_passwords_in_its_urls_records_logs_and_prints_none(tmp_pat
         return main(list(argv))
 
     with mlflow_server(tmp_path / "server", port):
-        flags = ["--space", str(SMOKE), "--rehearse", "0", "--num-samples", "2", "--confirm-seeds", "0", "--optuna-storage", storage]
+        flags = ["--space", str(SMOKE), "--rehearse", "0", "--num-samples", "2", "--confirm-budget", "0", "--optuna-storage", storage]
         assert run(launch.main, *flags, "--tracking-uri", uri, "--study-name", "creds") == 0
         assert run(report.main, "--study", "creds", "--tracking-uri", uri) == 0
         assert run(sync.main, "--study", "creds", "--tracking-uri", uri) == 0

@@ -26,10 +26,12 @@ from trainables.core.data import (
     DatasetError,
     DatasetSplits,
     ImageSet,
+    alphabet_folds,
     load_dataset,
     split_alphabets,
     split_classes,
     synthetic_glyphs,
+    validation_folds,
     validation_split,
 )
 from trainables.core.transforms import TorchImages, eval_transform, preprocess_batch, to_tensor, train_transform
@@ -816,6 +818,60 @@ def test_split_classes_too_few(n, fraction):
     assert_one_line(error, "val_fraction", "at least 2")
 
 
+# -- validation folds (config key val_fold; the race of study.selection) -------------------------------------------
+
+
+def test_class_folds_are_class_disjoint_seeded_and_fold_0_is_the_studys_split():
+    labels = np.repeat(np.arange(200, 336), 2)  # 136 classes, val_fraction 0.2: folds of 27, 136 // 27 = 5 folds
+    classes = np.arange(200, 336)
+    images = ImageSet(labels, "characters", arrays=np.zeros((272, 4, 4), np.uint8))
+    assert validation_folds(images, "classes", 0.2) == 5
+    vals = []
+    for fold in range(5):
+        fit, val = split_classes(labels, 0.2, seed=3, fold=fold)
+        assert len(val) == 27 and np.intersect1d(fit, val).size == 0
+        np.testing.assert_array_equal(np.sort(np.concatenate([fit, val])), classes)
+        vals.append(set(val.tolist()))
+    assert all(not vals[i] & vals[j] for i in range(5) for j in range(i + 1, 5))  # class-disjoint folds
+    assert len(set().union(*vals)) == 135  # one class (136 mod 27) is in no fold: always fit
+    # fold 0 is the split every trial is scored on: the first 27 of the seeded order, as before folds existed
+    assert vals[0] == set(np.random.default_rng(3).permutation(classes)[:27].tolist())
+    assert split_classes(labels, 0.2, seed=3, fold=2)[1].tolist() == split_classes(labels, 0.2, seed=3, fold=2)[1].tolist()
+    assert split_classes(labels, 0.2, seed=4, fold=2)[1].tolist() != split_classes(labels, 0.2, seed=3, fold=2)[1].tolist()
+    with pytest.raises(DatasetError) as error:
+        split_classes(labels, 0.2, fold=5)
+    assert_one_line(error, "val_fold=5", "5 validation fold(s)", "0..4")
+
+
+def test_alphabet_folds_hold_out_whole_alphabets_one_group_after_another():
+    alphabet_of = alphabet_classes({name: 2 for name in "ABCDE"})  # 10 classes, 0.2: one alphabet per fold
+    images = ImageSet(
+        np.array(sorted(alphabet_of)), "characters", arrays=np.zeros((10, 4, 4), np.uint8),
+        names={c: f"{a}/c{c}" for c, a in alphabet_of.items()},
+    )  # fmt: skip
+    assert validation_folds(images, "alphabets", 0.2) == 5
+    held = [{alphabet_of[int(c)] for c in split_alphabets(alphabet_of, 0.2, seed=1, fold=f)[1]} for f in range(5)]
+    assert all(len(h) == 1 for h in held) and set().union(*held) == set("ABCDE")  # each alphabet held out once
+    order = [sorted("ABCDE")[i] for i in np.random.default_rng(1).permutation(5)]
+    assert held == [{a} for a in order]  # fold f: the f-th alphabet of the seeded order; fold 0 as before folds existed
+    with pytest.raises(DatasetError) as error:
+        split_alphabets(alphabet_of, 0.2, fold=5)
+    assert_one_line(error, "val_fold=5", "val_split=alphabets")
+
+
+def test_alphabet_folds_leave_a_short_tail_to_fit_on():
+    # 12 classes, 0.25: a fold's share is 3 classes. Alphabets of 3, 3, 3, 1, 1, 1 classes in some seeded order:
+    # every fold is near 3 classes and what is left after the last fold holds under 1.5
+    alphabet_of = alphabet_classes({"A": 3, "B": 3, "C": 3, "D": 1, "E": 1, "F": 1})
+    for seed in range(8):
+        folds = alphabet_folds(alphabet_of, 0.25, seed=seed)
+        flat = [a for fold in folds for a in fold]
+        assert len(flat) == len(set(flat))  # disjoint
+        sizes = [sum(3 if a in "ABC" else 1 for a in fold) for fold in folds]
+        assert all(2 <= size <= 4 for size in sizes), (seed, folds)
+        assert sum(3 if a in "ABC" else 1 for a in set("ABCDEF") - set(flat)) < 1.5
+
+
 # -- ImageSet --------------------------------------------------------------------------------
 
 
@@ -1021,3 +1077,5 @@ def test_real_omniglot_validation_alphabet():
     held_out = {splits.train.names[int(c)].split("/")[0] for c in val}
     assert len(held_out) == 1 and len(val) in (22, 24, 26)  # one alphabet near 0.2 x 136 = 27 classes
     assert len(fit) + len(val) == 136
+    assert validation_folds(splits.train, "classes", 0.2) == 5  # 136 // 27
+    assert validation_folds(splits.train, "alphabets", 0.2) >= 3

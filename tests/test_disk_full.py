@@ -22,7 +22,7 @@ from tests.conftest import wait_for
 from tests.test_rehearsal import assert_recorded_once
 from tests.test_resume import epochs_logged, run_driver, start_driver
 
-STUDY = ["--rehearse", "0.3", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--epochs", "6", "--confirm-seeds", "0"]
+STUDY = ["--rehearse", "0.3", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--epochs", "6", "--confirm-budget", "0"]
 SIZE = "24m"  # the MLflow store (about 1.2 MB), the launch's 1 MiB probe of the storage path, a study's files (under 1 MB)
 
 

@@ -95,7 +95,7 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
     """Ctrl-C reaches the whole process group (the driver and its Ray); SIGTERM only the driver."""
     env = {**os.environ, "DML_RUNS_DIR": str(runs)}
     name = "stopped"
-    argv = ["--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6", "--confirm-seeds", "0", "--study-name", name]
+    argv = ["--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6", "--confirm-budget", "0", "--study-name", name]
     argv += ["--checkpoint-every", "0"]  # a checkpoint every epoch: the signal comes once the first is on disk
     driver = start_driver(argv, env)
     try:

@@ -83,7 +83,7 @@ def two_node_study(tmp_path_factory):
                 "3",
                 "--scheduler",  # the stock ASHA baseline: per-epoch rungs (the budget scheduler has its own tests below)
                 "asha",
-                "--confirm-seeds",
+                "--confirm-budget",
                 "0",
             ]
         )

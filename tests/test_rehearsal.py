@@ -55,7 +55,7 @@ def test_a_rehearsal_killed_mid_study_resumes_as_a_rehearsal_and_records_each_tr
     env = {**os.environ, "DML_RUNS_DIR": str(runs)}
     env.pop("MLFLOW_TRACKING_URI", None)
     start = ["--rehearse", "0.5", "--ray-cpus", "4", "--space", "smoke", "--num-samples", "6", "--epochs", "8"]
-    start += ["--study-name", "rk", "--confirm-seeds", "0"]
+    start += ["--study-name", "rk", "--confirm-budget", "0"]
     run_and_kill(start, env, lambda: sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2)
     out = run_driver(["--study-name", "rk", "--resume"], env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -72,7 +72,7 @@ def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_co
     experiment, good = runs / "ray" / "torn", runs / "ray" / "torn" / ".last-good"
     start = ["--rehearse", "1", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "6", "--epochs", "16", "--study-name", "torn"]
     run_and_kill(
-        [*start, "--confirm-seeds", "0"],
+        [*start, "--confirm-budget", "0"],
         env,
         lambda: any(good.glob("experiment_state-*.json")) and sum(e >= 2 for e in epochs_logged(runs, "torn")) >= 2,
     )

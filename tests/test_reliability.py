@@ -313,7 +313,7 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
                 uri,
                 "--study-name",
                 "outage",
-                "--confirm-seeds",  # the search's records are under test; no second Tuner of confirmation runs
+                "--confirm-budget",  # the search's records are under test; no second Tuner of confirmation runs
                 "0",
             ]
         )
@@ -429,7 +429,7 @@ def test_worker_node_dies_mid_trial(tmp_path, runs):
                 "2",
                 "--checkpoint-every",  # every epoch: a moved trial continues from the epoch it reached
                 "0",
-                "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
+                "--confirm-budget",  # the search's trials are under test; no second Tuner of confirmation runs
                 "0",
             ]
         )
@@ -579,7 +579,7 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
             str(max_failures),
             "--checkpoint-every",  # every epoch: the retry continues from epoch 1
             "0",
-            "--confirm-seeds",  # the search's trials are under test; no second Tuner of confirmation runs
+            "--confirm-budget",  # the search's trials are under test; no second Tuner of confirmation runs
             "0",
         ]
     )

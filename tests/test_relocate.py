@@ -39,7 +39,7 @@ def command(argv: list[str]) -> subprocess.CompletedProcess:
 
 def test_a_copy_of_a_finished_study_with_its_original_deleted_reports_retrains_and_resumes_in_the_copy(runs, monkeypatch, capsys):
     argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "3", "--study-name", "moved"]
-    assert launch.main([*argv, "--confirm-seeds", "0"]) == 0
+    assert launch.main([*argv, "--confirm-budget", "0"]) == 0
     original = runs
     copy = runs.parent / "elsewhere" / "runs-copy"
     shutil.copytree(original, copy)

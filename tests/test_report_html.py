@@ -562,4 +562,4 @@ def test_the_pick_section_names_the_confirmation_means_and_the_verdict():
     assert "picked: trial-5-aa" in text and "within noise: the lead is 0.5 standard errors" in text
     # trial-6 had the best single score (0.9796) but not the best mean: the section says why it is not the pick
     assert "best mean" in text
-    assert report.pick_section(None, {}) == []  # a grid, or --confirm-seeds 0: nothing re-run
+    assert report.pick_section(None, {}) == []  # a grid, or --confirm-budget 0: nothing raced

@@ -87,7 +87,7 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     env.pop("MLFLOW_TRACKING_URI", None)
     epochs = 16  # a re-run long enough to be caught in training, whatever the machine's speed
     start = ["--space", "smoke", "--num-samples", "4", "--max-concurrent", "2", "--epochs", str(epochs), "--grace-period", str(epochs)]
-    start += ["--study-name", "killed", "--confirm-top", "2", "--confirm-seeds", "1"]  # the resumes take these from the study
+    start += ["--study-name", "killed", "--confirm-top", "2", "--confirm-budget", "0.25"]  # the resumes take these from the study
     start += ["--checkpoint-every", "0"]  # every epoch: a killed trial continues from the epoch it reached
     resume = ["--study-name", "killed", "--resume", "--checkpoint-every", "0"]
     run_and_kill(start, env, lambda: any(e >= 2 for e in epochs_logged(runs, "killed")))

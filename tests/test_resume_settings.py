@@ -11,7 +11,7 @@ from study import launch, parent, tracking
 @pytest.fixture
 def recorded_study(runs):
     """A study's parent run and Tune folder as a launch leaves them (no trials: these tests stop before any)."""
-    argv = ["--space", "smoke", "--study-name", "s", "--seed", "3", "--epochs", "6", "--num-samples", "5", "--confirm-seeds", "0"]
+    argv = ["--space", "smoke", "--study-name", "s", "--seed", "3", "--epochs", "6", "--num-samples", "5", "--confirm-budget", "0"]
     settings = launch.study_settings(launch.parse_args(argv))
     experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
     client = mlflow.MlflowClient(settings.tracking_uri)
@@ -43,7 +43,7 @@ def test_resume_refuses_a_changed_setting_in_one_line(recorded_study, capsys, fl
 def test_resume_takes_the_settings_the_command_line_leaves_out_from_the_study(recorded_study):
     settings = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--epochs", "6"]))
     record = settings.record
-    assert (record.seed, settings.max_epochs, record.num_samples, record.confirm_seeds) == (3, 6, 5, 0)
+    assert (record.seed, settings.max_epochs, record.num_samples, record.confirm_budget) == (3, 6, 5, 0)
     assert settings.space.name == "smoke"
 
 

@@ -236,74 +236,110 @@ def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
     assert trial.user_attrs["epochs_trained"] == 4
 
 
-# -- the confirmation re-runs, in the search's own Tuner ---------------------------------------
-def confirming(storage, trials: int, top: int = 3, seeds: int = 1):
-    from study.search import ConfirmingSearcher
+# -- the race's re-runs, in the search's own Tuner ---------------------------------------------
+def racing(storage, trials: int, top: int = 3, budget: float = 0.25, folds: int = 5):
+    from study.search import RacingSearcher
 
     space = parse_space(SEARCHED, "test.yaml")
     optuna.create_study(study_name="c", storage=open_storage(storage), direction="maximize")
     kwargs = {"metric": METRIC, "mode": "max", "max_epochs": EPOCHS, "seed": 0}
-    return ConfirmingSearcher(space, storage, "c", trials=trials, top=top, seeds=seeds, **kwargs)
+    return RacingSearcher(space, storage, "c", trials=trials, top=top, budget=budget, folds=folds, **kwargs)
 
 
 def finish(searcher, trial_id: str, value: float) -> None:
     searcher.on_trial_complete(trial_id, result(EPOCHS, value))
 
 
-def test_a_top_trial_is_re_run_once_no_running_trial_can_push_it_out_of_the_top():
-    """5 trials, top 3, 1 extra seed. Trials a-c end with 0.5, 0.9, 0.7 while d and e run: d and e can push each
-    trial down two places, so only the best (b) is sure to stay in the top 3 -> b re-runs first; c waits for d."""
+def test_a_top_trial_races_once_no_running_trial_can_push_it_out_of_the_top():
+    """5 trials, top 3. Trials a-c end with 0.5, 0.9, 0.7 while d and e run: d and e can push each trial down two
+    places, so only the best (b) is sure to stay in the top 3 -> b re-runs on fold 1 first; c waits for d."""
     from ray.tune.search import Searcher
 
-    from study.trial import CONFIRMS_KEY
+    from study.trial import CONFIRMS_KEY, FOLD_KEY
 
-    searcher = confirming(optuna.storages.InMemoryStorage(), trials=5)
+    searcher = racing(optuna.storages.InMemoryStorage(), trials=5, folds=2)  # one fold to race on: one round
     configs = {tid: searcher.suggest(tid) for tid in "abcde"}
     numbers = searcher.numbers
     for tid, value in zip("abc", (0.5, 0.9, 0.7), strict=True):
         finish(searcher, tid, value)
     first = searcher.suggest("r1")
-    assert first == {**configs["b"], "seed": 1, CONFIRMS_KEY: numbers["b"]}
+    assert first == {**configs["b"], "seed": 1, FOLD_KEY: 1, CONFIRMS_KEY: numbers["b"]}
     assert searcher.suggest("r2") is None  # nothing else is settled while d and e run: wait
     finish(searcher, "d", 0.8)  # top 3 now b, d, c; e may still push c out
-    assert searcher.suggest("r2") == {**configs["d"], "seed": 1, CONFIRMS_KEY: numbers["d"]}
+    assert searcher.suggest("r2") == {**configs["d"], "seed": 1, FOLD_KEY: 1, CONFIRMS_KEY: numbers["d"]}
     assert searcher.suggest("r3") is None
     finish(searcher, "e", 0.95)  # e enters first: the top 3 is e, b, d; c never re-runs
-    assert searcher.suggest("r3") == {**configs["e"], "seed": 1, CONFIRMS_KEY: numbers["e"]}
-    assert searcher.suggest("r4") == Searcher.FINISHED
+    assert searcher.suggest("r3") == {**configs["e"], "seed": 1, FOLD_KEY: 1, CONFIRMS_KEY: numbers["e"]}
+    assert searcher.suggest("r4") is None  # the race's round 1 still runs
+    for tid, value in zip(("r1", "r2", "r3"), (0.9, 0.8, 0.95), strict=True):
+        finish(searcher, tid, value)
+    assert searcher.suggest("r4") == Searcher.FINISHED  # no fold left to race on
     assert all(t.state.is_finished() for t in searcher.study.get_trials())  # re-runs are not Optuna trials
     assert len(searcher.study.get_trials()) == 5
 
 
-def test_re_runs_take_each_extra_seed_and_survive_a_restore(tmp_path):
+def test_the_race_runs_round_after_round_drops_the_beaten_and_survives_a_restore(tmp_path):
+    """3 trials, all candidates, 4 folds, no budget limit (by hand as tests/test_selection.py's TABLE: C drops after
+    fold 1, B after fold 2). The searcher is saved and restored mid-race, as Ray keeps it with the experiment."""
     from ray.tune.search import Searcher
 
-    from study.search import ConfirmingSearcher
-    from study.trial import confirmed_trial
+    from study.search import RacingSearcher
+    from study.trial import FOLD_KEY, confirmed_trial
 
     storage = f"journal:{tmp_path / 'journal.log'}"
-    searcher = confirming(storage, trials=2, top=2, seeds=2)
-    configs = {tid: searcher.suggest(tid) for tid in "ab"}
-    finish(searcher, "a", 0.6)
-    finish(searcher, "b", 0.4)
-    given = [searcher.suggest("r1"), searcher.suggest("r2")]
-    assert [(c["seed"], confirmed_trial(c)) for c in given] == [(1, searcher.numbers["a"]), (2, searcher.numbers["a"])]
+    searcher = racing(storage, trials=3, top=3, budget=100.0, folds=4)
+    for tid in "abc":
+        searcher.suggest(tid)
+    scores = {"a": [0.90, 0.91, 0.92], "b": [0.89, 0.905, 0.915], "c": [0.80, 0.81, 0.82]}  # by fold
+    for tid in "abc":
+        finish(searcher, tid, scores[tid][0])
+    trial_of = {searcher.numbers[t]: t for t in "abc"}
+
+    def round_of(s, ids):
+        given = [s.suggest(i) for i in ids]
+        return {(trial_of[confirmed_trial(c)], c[FOLD_KEY]): i for c, i in zip(given, ids, strict=True)}
+
+    first = round_of(searcher, ["r1", "r2", "r3"])
+    assert set(first) == {("a", 1), ("b", 1), ("c", 1)} and searcher.suggest("r4") is None  # round 2 waits for round 1
     searcher.save(str(tmp_path / "state.pkl"))
-    restored = pickle.loads(pickle.dumps(searcher))  # as Ray keeps the searcher with the experiment
+    restored = pickle.loads(pickle.dumps(searcher))
     restored.restore(str(tmp_path / "state.pkl"))
-    assert isinstance(restored, ConfirmingSearcher) and set(restored.reruns) == {"r1", "r2"}
-    rest = [restored.suggest("r3"), restored.suggest("r4")]
-    assert [(c["lr"], c["seed"]) for c in rest] == [(configs["b"]["lr"], 1), (configs["b"]["lr"], 2)]
-    assert restored.suggest("r5") == Searcher.FINISHED
+    assert isinstance(restored, RacingSearcher) and set(restored.reruns) == {"r1", "r2", "r3"}
+    for (tid, fold), rid in first.items():
+        finish(restored, rid, scores[tid][fold])
+    second = round_of(restored, ["r4", "r5"])
+    assert set(second) == {("a", 2), ("b", 2)}  # c is dropped: its constant 0.10 lag (p 0)
+    assert restored.suggest("r6") is None
+    for (tid, fold), rid in second.items():
+        finish(restored, rid, scores[tid][fold])
+    assert restored.suggest("r6") == Searcher.FINISHED  # b dropped after 3 folds (p 0.029): a is clear
 
 
-@pytest.mark.parametrize(("seeds", "values"), [(0, (0.6, 0.4)), (1, (0.6, None))])
-def test_nothing_is_re_run_without_seeds_or_with_one_complete_trial(seeds, values):
+def test_the_budget_stops_the_race_after_round_1():
+    """3 trials of 3 epochs (9 searched), budget 1.0: round 1 (3 runs, 9 epochs) runs whatever the budget; round 2
+    would spend 3 x 3 more (18 > 9) -> no second round."""
     from ray.tune.search import Searcher
 
-    searcher = confirming(optuna.storages.InMemoryStorage(), trials=2, seeds=seeds)
+    searcher = racing(optuna.storages.InMemoryStorage(), trials=3, top=3, budget=1.0, folds=5)
+    for tid in "abc":
+        searcher.suggest(tid)
+    for tid, value in zip("abc", (0.5, 0.51, 0.52), strict=True):
+        searcher.on_trial_complete(tid, {**result(EPOCHS, value), "epochs_trained": EPOCHS})
+    given = [searcher.suggest(r) for r in ("r1", "r2", "r3")]
+    assert all(c is not None and c != Searcher.FINISHED for c in given)
+    for rid, value in zip(("r1", "r2", "r3"), (0.5, 0.52, 0.51), strict=True):
+        finish(searcher, rid, value)
+    assert searcher.suggest("r4") == Searcher.FINISHED
+
+
+@pytest.mark.parametrize(("budget", "values"), [(0, (0.6, 0.4)), (0.25, (0.6, None))])
+def test_nothing_races_without_a_budget_or_with_one_complete_trial(budget, values):
+    from ray.tune.search import Searcher
+
+    searcher = racing(optuna.storages.InMemoryStorage(), trials=2, budget=budget)
     searcher.suggest("a"), searcher.suggest("b")
-    assert searcher.suggest("c") is None  # the search's trials still run
+    # budget 0: nothing will ever race; else the search's trials still run, and may make a candidate: wait
+    assert searcher.suggest("c") == (Searcher.FINISHED if budget == 0 else None)
     finish(searcher, "a", values[0])
     searcher.on_trial_complete("b", result(1, 0.1) if values[1] is None else result(EPOCHS, values[1]))  # pruned, or complete
     assert searcher.suggest("c") == Searcher.FINISHED

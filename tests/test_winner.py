@@ -88,14 +88,15 @@ def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(re
     note = parent.data.tags["mlflow.note.content"]  # the run's description in MLflow's UI, the essentials first
     first, final, files = note.split("\n\n")
     assert first.startswith(f"**Pick of study {STUDY}: {picked_run.info.run_name}** (Optuna trial {pick}, loss `{best['loss']}`)")
-    assert f"mean {mean:.4f} ± {sem:.4f} (standard error) over 2 seeds" in first and first.endswith(f"; {parent.data.tags['best_pick']}.")
+    assert f"mean {mean:.4f} ± {sem:.4f} (standard error) over 2 validation folds" in first
+    assert first.endswith(f"; {parent.data.tags['best_pick']}.")
     assert final.startswith(f"Retrain and test it: `python -m study.final --study {STUDY}` (4 epochs;")  # smoke: final_budget_factor 1
     assert f"`python -m study.report --study {STUDY}`" in files
 
 
 def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
     """README's command, ``optuna-dashboard runs/optuna/journal.log``, with the tool the README's install puts in the
-    environment (the dev extra): its study page's user attributes name the picked trial and its mean over seeds."""
+    environment (the dev extra): its study page's user attributes name the picked trial and its mean over validation folds."""
     runs, _ = rehearsed
     _, _, _, study = study_records(runs, STUDY)
     with socket.socket() as free:

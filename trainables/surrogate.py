@@ -13,7 +13,7 @@ A deterministic function of (config, budget b, epoch e of that budget, 1-based) 
 this project's small CNN on Omniglot's test alphabets (docs/results.md: about 0.3 R@1 after one epoch, 0.7 at
 8 epochs, 0.8 at 30; the surrogate has no separate scale for the near-saturated validation characters)::
 
-    R@1(b, e) = clip(R0 + ((A - R0) + T(b, e)) * P(e * v) + 0.01 * z_seed + 0.005 * z_epoch, 0, 1)
+    R@1(b, e) = clip(R0 + ((A - R0) + T(b, e)) * P(e * v) + 0.01 * z_seed + 0.005 * z_epoch [+ 0.01 * z_fold], 0, 1)
 
     P(x)    = 1 - 0.6 exp(-x / 1.5) - 0.4 exp(-x / 10)          saturating progress: a fast and a slow phase
     v       = clip((lr / lr*)^0.3, 1/4, 4)                      a larger lr learns faster (lr* by optimizer)
@@ -37,8 +37,10 @@ epoch's last step (``steps`` = 2,180 Omniglot fit images // batch size), the mom
 and ``alpha_now``. ``P`` rises with e and T(b, b) does not fall with b, so a finished larger budget ends higher
 than a smaller one. ``z_seed`` (one draw per run: the spread between seeds) comes from
 ``default_rng([seed, key, 0])`` and ``z_epoch`` (one per evaluation) from ``default_rng([seed, key, 1, b, e])``,
-where ``key`` is a sha256 of the keys that change training other than seed and epochs
-(``config.applicable_keys``), so two configs that train alike draw alike. The other metrics follow R@1 (r = R@1,
+where ``key`` is a sha256 of the keys that change training other than seed, epochs and val_fold
+(``config.applicable_keys``), so two configs that train alike draw alike. A confirmation re-run on validation fold
+f > 0 (other held-out classes) adds ``0.01 * z_fold``, drawn from ``default_rng([key, 2, f])``: the same for every
+seed of the config on that fold, as held-out classes are. The other metrics follow R@1 (r = R@1,
 m = 1 - r), with the constants fitted to docs/results.md's tables::
 
     val_recall_at_k  = 1 - m (0.45 + 0.5 m)^log2(k)     k in 1, 2, 4, 8
@@ -89,6 +91,7 @@ A_BASE = 0.78  # the asymptote of a config with no gains or penalties
 LR_SWEET = {"adam": 2e-3, "adamw": 2e-3, "sgd": 5e-2}
 NORMALIZATION_GAIN = {"bn": 0.0, "l2": -0.015, "none": -0.05}
 SEED_NOISE, EPOCH_NOISE = 0.01, 0.005  # standard deviations of R@1 between seeds and between evaluations
+FOLD_NOISE = 0.01  # of a config's R@1 between validation folds (classes held out), beside fold 0's
 OMNIGLOT_FIT_IMAGES = 2180  # 109 fit characters x 20 (images_background_small1 less the validation fifth)
 OMNIGLOT_FIT_CLASSES = 109
 RECALL_KS = (1, 2, 4, 8)  # Omniglot's
@@ -131,7 +134,7 @@ def steps_per_epoch(config: TrainConfig) -> int:
 
 def config_key(config: TrainConfig) -> int:
     """A stable 64-bit hash of the keys that change training, less seed and epochs (never Python's salted hash)."""
-    values = {key: getattr(config, key) for key in applicable_keys(config) if key not in ("seed", "epochs")}
+    values = {key: getattr(config, key) for key in applicable_keys(config) if key not in ("seed", "epochs", "val_fold")}
     return int.from_bytes(hashlib.sha256(json.dumps(values, sort_keys=True).encode()).digest()[:8], "big")
 
 
@@ -155,7 +158,8 @@ def surrogate_metrics(config: TrainConfig, budget: int, epoch: int) -> dict[str,
     key = config_key(config)
     z_seed = np.random.default_rng([config.seed, key, 0]).standard_normal()
     z_epoch = np.random.default_rng([config.seed, key, 1, budget, epoch]).standard_normal()
-    r = min(max(R0 + (a - R0 + tail) * p + SEED_NOISE * z_seed + EPOCH_NOISE * z_epoch, 0.0), 1.0)
+    z_fold = np.random.default_rng([key, 2, config.val_fold]).standard_normal() if config.val_fold else 0.0
+    r = min(max(R0 + (a - R0 + tail) * p + SEED_NOISE * z_seed + EPOCH_NOISE * z_epoch + FOLD_NOISE * z_fold, 0.0), 1.0)
 
     miss = 1.0 - r
     map_at_r = 0.72 * r**2.35

@@ -103,6 +103,7 @@ RANGES: dict[str, Range] = {
     "image_size": Range(8, 1024, special=(0, "the dataset's default")),
     "augment": Range(0, MAX_AUGMENT, why="0: no augmentation, 1: the standard jitter"),
     "val_fraction": Range(0, 1, low_open=True, high_open=True, why="a fraction of the training classes"),
+    "val_fold": Range(0, 10_000, why="a fold of the training classes"),
 }
 # study.final trains a study's pick to final_budget_factor x the trials' epochs (study/spaces.py); schedules are
 # fractions of the budget, so a far longer budget is no longer the recipe the study scored
@@ -162,6 +163,9 @@ class TrainConfig:
     # how a study holds validation classes out of the training classes (data.validation_split):
     # classes (a seeded random val_fraction of them) | alphabets (whole alphabets, about val_fraction)
     val_split: str = "classes"
+    # which class-disjoint fold of the training classes is held out (data.validation_split): 0, the fold a study
+    # scores its trials on; a confirmation re-run holds out another (study.selection)
+    val_fold: int = 0
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -479,12 +479,14 @@ def load_dataset(name: str, data_root: str | os.PathLike | None, image_size: int
 
 
 # ----------------------------------------------------------------------------- splits
-def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Cut the training classes into (fit classes, validation classes), seeded.
+def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0, fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the training classes into (fit classes, validation classes), seeded; ``fold`` picks which classes.
 
-    The split depends only on the classes, the fraction and ``seed`` (not on a
-    trial's training seed), so every trial of a study is scored on the same
-    validation classes.
+    The N classes are put in a seeded random order and cut into ``class_folds`` class-disjoint folds of
+    n = round(val_fraction x N) consecutive classes each (the last N mod n classes are in no fold: always fit);
+    fold f validates on the f-th of them and fits on the rest. Fold 0 is the split every trial of a study is
+    scored on; the others hold out other classes for its confirmation re-runs (study.selection). The split
+    depends only on the classes, the fraction, ``seed`` and ``fold`` (not on a trial's training seed).
     """
     classes = np.unique(labels)
     n_val = int(round(val_fraction * len(classes)))
@@ -493,8 +495,15 @@ def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tup
             f"val_fraction={val_fraction} of {len(classes)} training classes leaves {n_val} validation and "
             f"{len(classes) - n_val} fit classes; expected at least 2 of each"
         )
+    _check_fold(fold, len(classes) // n_val, f"val_fraction={val_fraction} of {len(classes)} training classes")
     order = np.random.default_rng(seed).permutation(classes)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
+    held_out = order[fold * n_val : (fold + 1) * n_val]
+    return np.sort(np.setdiff1d(classes, held_out)), np.sort(held_out)
+
+
+def _check_fold(fold: int, folds: int, what: str) -> None:
+    if not 0 <= fold < folds:
+        raise DatasetError(f"val_fold={fold}: {what} gives {folds} validation fold(s); expected val_fold in 0..{folds - 1}")
 
 
 def alphabets(images: ImageSet) -> dict[int, str] | None:
@@ -505,31 +514,59 @@ def alphabets(images: ImageSet) -> dict[int, str] | None:
     return {c: n.split("/")[0] for c, n in names.items()}
 
 
-def split_alphabets(alphabet_of: dict[int, str], val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Cut the training classes into (fit classes, validation classes) along whole alphabets, seeded.
+def alphabet_folds(alphabet_of: dict[int, str], val_fraction: float, seed: int = 0) -> list[list[str]]:
+    """The validation folds of whole alphabets: class-disjoint groups of consecutive alphabets in a seeded order.
 
-    The alphabets are put in a seeded random order, and the validation classes are
-    those of the first m alphabets, m >= 1 chosen so that their share of the
-    classes is closest to ``val_fraction`` (the smaller m on a tie) while at least
-    one alphabet is left to fit on (so at least 2 alphabets are needed;
-    :func:`validation_split` says so to the user). Validation then measures what the test
-    measures: retrieval among the characters of an alphabet never trained on.
+    From the start of the order, each fold takes the next m >= 1 alphabets whose share of the classes is closest
+    to ``val_fraction`` (the smaller m on a tie), while at least one alphabet is left to fit on. Folds follow one
+    another until the alphabets left hold less than half a fold's share; those are in no fold (always fit).
+    Fold 0 is the first group: the split of every trial of a study.
     """
     counts = Counter(alphabet_of.values())
     names = sorted(counts)
     order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
-    sizes = np.cumsum([counts[name] for name in order])[:-1]
-    m = 1 + int(np.argmin(np.abs(sizes - val_fraction * len(alphabet_of))))
-    held_out = set(order[:m])
+    target, folds, start = val_fraction * len(alphabet_of), [], 0
+    while start < len(order) and (not folds or sum(counts[a] for a in order[start:]) >= target / 2):
+        sizes = np.cumsum([counts[a] for a in order[start:]])
+        if start == 0:
+            sizes = sizes[:-1]  # fold 0 leaves an alphabet to fit on
+        if len(sizes) == 0:
+            break
+        m = 1 + int(np.argmin(np.abs(sizes - target)))
+        folds.append(order[start : start + m])
+        start += m
+    return folds
+
+
+def split_alphabets(alphabet_of: dict[int, str], val_fraction: float, seed: int = 0, fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the training classes into (fit classes, validation classes) along whole alphabets, seeded.
+
+    The validation classes are those of ``alphabet_folds``' fold ``fold`` (at least 2 alphabets are needed;
+    :func:`validation_split` says so to the user). Validation then measures what the test measures: retrieval
+    among the characters of an alphabet never trained on.
+    """
+    folds = alphabet_folds(alphabet_of, val_fraction, seed)
+    _check_fold(fold, len(folds), f"val_split=alphabets at val_fraction={val_fraction} of {len(set(alphabet_of.values()))} alphabets")
+    held_out = set(folds[fold])
     val = np.array(sorted(c for c, a in alphabet_of.items() if a in held_out), dtype=np.int64)
     fit = np.array(sorted(c for c, a in alphabet_of.items() if a not in held_out), dtype=np.int64)
     return fit, val
 
 
-def validation_split(train: ImageSet, val_split: str, val_fraction: float, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(fit classes, validation classes) of a study's training set by config key ``val_split``; ``where`` names the data."""
+def validation_folds(train: ImageSet, val_split: str, val_fraction: float) -> int:
+    """How many class-disjoint validation folds the training set has (``val_fold`` takes 0 to this less 1)."""
     if val_split == "classes":
-        return split_classes(train.labels, val_fraction)
+        n = len(train.classes)
+        return n // max(int(round(val_fraction * n)), 1)
+    alphabet_of = alphabets(train)
+    return len(alphabet_folds(alphabet_of, val_fraction)) if alphabet_of else 0
+
+
+def validation_split(train: ImageSet, val_split: str, val_fraction: float, where: str, fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(fit classes, validation classes) of a study's training set by config keys ``val_split`` and ``val_fold``
+    (``fold``); ``where`` names the data."""
+    if val_split == "classes":
+        return split_classes(train.labels, val_fraction, fold=fold)
     alphabet_of = alphabets(train)
     if alphabet_of is None:
         raise DatasetError(
@@ -537,7 +574,7 @@ def validation_split(train: ImageSet, val_split: str, val_fraction: float, where
         )
     if len(set(alphabet_of.values())) < 2:
         raise DatasetError(f"{where}: val_split=alphabets needs at least 2 training alphabets; expected val_split: classes")
-    fit, val = split_alphabets(alphabet_of, val_fraction)
+    fit, val = split_alphabets(alphabet_of, val_fraction, fold=fold)
     if len(val) < 2:
         raise DatasetError(f"{where}: val_split=alphabets holds out {len(val)} class; expected at least 2 validation classes")
     return fit, val

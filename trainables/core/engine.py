@@ -349,7 +349,7 @@ def build_run(
     attach_cache(splits, image_size, data_root, workers=max(trial_cpus(), num_workers or 0))
     if mode == "study":
         where = dataset_label(config.dataset, data_root)
-        fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
+        fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where, config.val_fold)
         train_set, eval_set, gallery, prefix = splits.train.with_classes(fit_classes), splits.train.with_classes(val_classes), None, "val"
     else:
         train_set, eval_set, gallery, prefix = splits.train, splits.test, splits.gallery, "test"
