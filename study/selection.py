@@ -197,9 +197,10 @@ class Selection:
         tied = [c for c in others if c.dropped_after is None]
         why = "the confirmation budget is spent" if self.stopped == BUDGET else "the validation folds ran out"
         p = min((c.p_value for c in tied), default=math.nan)
+        lead = f"lead {self.lead_in_se:.1f} standard errors" if math.isfinite(self.lead_in_se) else f"lead {self.lead:+.4f}"
         return (
             f"undecided: {why} after {n} folds, and the race cannot tell the winner from {len(tied)} other candidate(s) "
-            f"(paired t-test, Holm p = {p:.2f}; lead {self.lead_in_se:.1f} standard errors); the pick has the best mean"
+            f"(paired t-test, Holm p = {p:.2f}; {lead}); the pick has the best mean"
         )
 
 

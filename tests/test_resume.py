@@ -13,7 +13,7 @@ import mlflow
 import pytest
 
 from study import tracking
-from study.trial import CONFIRMS_KEY
+from study.trial import CONFIRMS_KEY, FOLD_KEY
 from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 
@@ -61,9 +61,9 @@ def run_and_kill(argv: list[str], env: dict, until) -> None:
         driver.wait()
 
 
-def snapshot_has_a_running_re_run(experiment_dir: Path, epochs: int) -> bool:
-    """The Tune experiment's last snapshot holds an unfinished re-run (Tune snapshots a running trial as PENDING) with a
-    checkpoint and at least half its epochs to go."""
+def snapshot_has_a_running_re_run(experiment_dir: Path, epochs: int, fold: int = 1) -> bool:
+    """The Tune experiment's last snapshot holds an unfinished re-run on validation fold ``fold`` or later (Tune
+    snapshots a running trial as PENDING) with a checkpoint and at least half its epochs to go."""
     from ray.tune import ExperimentAnalysis
 
     if not list(experiment_dir.glob("experiment_state-*.json")):
@@ -73,7 +73,8 @@ def snapshot_has_a_running_re_run(experiment_dir: Path, epochs: int) -> bool:
     except Exception:  # the snapshot is being replaced by Tune
         return False
     return any(
-        CONFIRMS_KEY in t.config and t.status not in ("TERMINATED", "ERROR") and t.checkpoint is not None
+        CONFIRMS_KEY in t.config and t.config.get(FOLD_KEY, 0) >= fold and t.status not in ("TERMINATED", "ERROR")
+        and t.checkpoint is not None
         and 1 <= (t.last_result or {}).get("training_iteration", 0) <= epochs // 2
         for t in trials
     )  # fmt: skip
@@ -122,3 +123,39 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     selection = study.user_attrs["selection"]
     assert [len(e["scores"]) for e in selection["ranking"]] == [2, 2]
     assert parent.data.tags["best_pick"] == selection["verdict"]
+
+
+TIE = """
+description: trials that train alike in a rehearsal (adam ignores momentum), so the race never drops one
+fixed: {dataset: synthetic, optimizer: adam, epochs: 8}
+params:
+  momentum: {type: float, low: 0.5, high: 0.9}
+"""
+
+
+def test_sigkill_mid_race_then_resume_continues_the_race_without_retraining_a_finished_fold(tmp_path):
+    """A rehearsal whose 3 candidates tie on every fold (the surrogate draws alike for configs that train alike), so
+    the race runs all 5 folds: rounds 1 to 4, 3 re-runs each. The driver is SIGKILLed while a re-run of round 2 or
+    later trains, and resumed: every (trial, fold) re-run is recorded once, finished, and the rounds before the kill
+    are not trained again."""
+    runs = tmp_path / "runs"
+    (tmp_path / "tie.yaml").write_text(TIE)
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    start = ["--rehearse", "1", "--ray-cpus", "2", "--space", str(tmp_path / "tie.yaml"), "--num-samples", "3", "--grace-period", "8"]
+    start += ["--study-name", "race", "--confirm-top", "3", "--confirm-budget", "10", "--checkpoint-every", "0"]
+    run_and_kill(start, env, lambda: snapshot_has_a_running_re_run(runs / "ray" / "race", 8, fold=2))
+    out = run_driver(["--study-name", "race", "--resume", "--checkpoint-every", "0"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parent, _, study = study_records(runs, "race")
+    assert parent[0].info.status == "FINISHED"
+    confirmation = tracking.child_runs(client, parent[0].info.experiment_id, parent[0].info.run_id, kind="confirmation")
+    finished = [r for r in confirmation if r.info.status == "FINISHED"]
+    for run in confirmation:  # a re-run given again after the kill leaves its first run FAILED as orphaned, never RUNNING
+        assert run in finished or run.data.tags.get("failure_reason", "").startswith("orphaned"), (run.info.status, run.data.tags)
+    done = sorted((int(r.data.tags["confirms_optuna_trial"]), int(r.data.params[FOLD_KEY])) for r in finished)
+    assert done == sorted((t.number, fold) for t in study.trials for fold in range(1, 5))  # each once: nothing retrained
+    assert any(int(r.data.tags.get("resumed_from_epoch", 0)) >= 1 for r in finished)  # the killed one continued
+    selection = study.user_attrs["selection"]
+    assert selection["stopped"] == "folds" and [e["folds"] for e in selection["ranking"]] == [[0, 1, 2, 3, 4]] * 3
+    assert selection["verdict"].startswith("undecided: the validation folds ran out after 5 folds")
