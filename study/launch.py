@@ -449,6 +449,7 @@ def check_dataset(space: Space, data_root: str | None) -> tuple[int, int]:
     config = base_config(space)
     splits = load_dataset(config.dataset, data_root, config.image_size)
     where = dataset_label(config.dataset, data_root)
+    checks.check_photos(splits, config.dataset, config.image_size, data_root)  # every photo decodes, into the node's cache
     fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
     check_retrieval_set(splits.train.with_classes(val_classes), None, f"{where}: the validation classes")
     split = f"{space.path} (val_split {config.val_split}, val_fraction {config.val_fraction})"

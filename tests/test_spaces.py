@@ -538,8 +538,8 @@ def test_max_classes_per_batch_step_not_dividing(tmp_path):
 
 
 def test_check_dataset_synthetic(tmp_path):
-    # synthetic: 30 training classes, val_fraction 0.2 -> 24 fit classes; smoke reaches C = 8
-    assert check_dataset(shipped("smoke"), None) == 24
+    # synthetic: 30 training classes, val_fraction 0.2 -> 24 fit classes and 30 // 6 = 5 validation folds; smoke reaches C = 8
+    assert check_dataset(shipped("smoke"), None) == (24, 5)
     too_big = load_space(
         write(
             tmp_path,
