@@ -3,7 +3,7 @@
 For each (slots, trials) of a grid it runs, one after the other in this invocation:
 
 * **full**: ``python -m study.launch --rehearse EPOCH_S --ray-cpus SLOTS --max-concurrent SLOTS --num-samples TRIALS
-  --epochs 16 --space SPACE`` (the driver, ConfirmingSearcher/TPE, the budget scheduler, the confirmation re-runs,
+  --epochs 16 --space SPACE`` (the driver, RacingSearcher/TPE, the budget scheduler, the confirmation re-runs,
   the MLflow recorder and its spool, the Optuna journal) with ``DML_RUNS_DIR`` a fresh temporary folder, so each
   run has its own MLflow sqlite store, Optuna journal and Ray storage;
 * **stock**: the same surrogate trainable (``trainables.surrogate.train_surrogate``) as a user would tune it by
