@@ -7,16 +7,25 @@ process, in one run:
   beside the time the PIL path takes for one epoch of the same images;
 - images/s per core of the training loader over random batches of --batch images: the PIL path
   (``TorchImages`` with ``train_transform``: decode, RandomResizedCrop, flip, normalize, image by image), the
-  cached path (``CachedImages``: gather from the memory map, crop, resize, flip, normalize, batch-wise) and the
-  bound (gathering the batch's bytes from the memory map alone);
+  cached path (``CachedImages``: gather from the memory map, crop, resize and flip in uint8, batch-wise; the
+  batch a GPU trial copies to its device and normalizes there), the same with the normalization on the CPU
+  (``normalize_batch``: what a CPU trial's training process adds) and the bound (gathering the batch's bytes
+  from the memory map alone);
 - memory of 1 and of 4 concurrent reader processes (each a trial's training loader: one epoch of the training
   set through the cache): per process RSS, PSS (shared pages split among the processes that map them) and
   the PSS of the cache's mapping, summed over the processes: what the node holds. This process unmaps the
   cache first, so the readers alone share its pages.
 
+--replicate K measures at K times the generated set's size without generating K times the JPEGs: a second root
+(ROOT-xK) lists every image K times, under K folder links to the same files, with the class ids of each copy
+shifted (SOP's 2-12 images per class and class-disjoint splits kept). Each listed path is its own image to the
+cache (decoded and stored once per path), so the cache, its build and the readers' memory have the full size's
+bytes; only the pixels repeat. SOP's 120,053 images: --scale 0.02 --replicate 50.
+
 Examples:
   python bench/photo_loader.py --root /tmp/photobench --scale 0.1 --out docs/bench/photo_loader.json
   python bench/photo_loader.py --root /tmp/photobench --scale 0.1 --pil-batches 10 --batches 40     # quicker
+  python bench/photo_loader.py --root /tmp/photobench --scale 0.02 --replicate 50 --build-workers 2  # SOP's size
 """
 
 from __future__ import annotations
@@ -41,9 +50,32 @@ import torch  # noqa: E402
 from bench.photo_data import make_sop  # noqa: E402
 from trainables.core import cache  # noqa: E402
 from trainables.core.data import load_dataset  # noqa: E402
-from trainables.core.transforms import CachedImages, TorchImages, crop_resize, random_crop_boxes, train_transform  # noqa: E402
+from trainables.core.transforms import CachedImages, TorchImages, normalize_batch, train_transform  # noqa: E402
 
 SIZE = 224
+
+
+def replicate(root: Path, copies: int) -> Path:
+    """A data root listing every SOP image of ``root`` ``copies`` times (folder links ``copy{k}`` to ``root``'s
+    folder; class ids of copy k shifted by k x the largest id). Returns it; made once."""
+    base = root / "Stanford_Online_Products"
+    target = root.with_name(f"{root.name}-x{copies}") / "Stanford_Online_Products"
+    if (target / "Ebay_test.txt").is_file():
+        return target.parent
+    target.mkdir(parents=True, exist_ok=True)
+    tables = {name: (base / name).read_text().splitlines() for name in ("Ebay_train.txt", "Ebay_test.txt")}
+    shift = max(int(line.split()[1]) for lines in tables.values() for line in lines[1:])
+    for k in range(copies):
+        (target / f"copy{k}").unlink(missing_ok=True)
+        (target / f"copy{k}").symlink_to(base, target_is_directory=True)
+    for name, lines in tables.items():
+        rows = [lines[0]]
+        for k in range(copies):
+            for line in lines[1:]:
+                image, label, superclass, path = line.split()
+                rows.append(f"{len(rows)} {int(label) + k * shift} {superclass} copy{k}/{path}")
+        (target / name).write_text("\n".join(rows) + "\n")
+    return target.parent
 
 
 def batches(n: int, batch: int, count: int, seed: int = 0) -> list[np.ndarray]:
@@ -110,21 +142,15 @@ def pil_rate(images, batch: int, count: int) -> float:
 
 
 def cached_rates(splits, batch: int, count: int) -> dict[str, float]:
-    """Images/s of the cached training loader, its evaluation crops, its uint8 output and the bytes alone."""
+    """Images/s of the cached training loader (uint8 out, and normalized on the CPU), its evaluation crops and the bytes alone."""
     dataset = CachedImages(splits.train, SIZE, 1.0)
     plan = batches(len(dataset), batch, count, seed=1)
     decoded = splits.train.decoded
-
-    def uint8_batch(idx: np.ndarray) -> torch.Tensor:  # the cached path without the float conversion and normalization
-        rows = decoded.rows[idx]
-        shapes = torch.from_numpy(decoded.shapes[rows])
-        return crop_resize(torch.from_numpy(decoded.pixels[rows]), shapes, random_crop_boxes(shapes, 1.0), torch.rand(len(idx)) < 0.5, SIZE)
-
     return {
-        "cached_images_per_s": rate(dataset.__getitems__, plan),
+        "cached_uint8_images_per_s": rate(dataset.__getitems__, plan),
+        "cached_images_per_s": rate(lambda idx: normalize_batch(dataset.__getitems__(idx)[0], "photos"), plan),
         "bytes_images_per_s": rate(lambda idx: decoded.pixels[decoded.rows[idx]], plan),
         "cached_eval_images_per_s": rate(CachedImages(splits.train, SIZE).__getitems__, plan),
-        "cached_uint8_images_per_s": rate(uint8_batch, plan),
     }
 
 
@@ -141,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="data root holding (or to hold) Stanford_Online_Products/")
     parser.add_argument("--scale", type=float, default=0.1, help="share of SOP's 120,053 images to generate if missing")
+    parser.add_argument("--replicate", type=int, default=1, help="list the generated images this many times (see above)")
+    parser.add_argument("--build-workers", type=int, default=1, help="processes building the cache (default 1: per core)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--batches", type=int, default=60, help="batches timed for the cached path and the bound")
     parser.add_argument("--pil-batches", type=int, default=15, help="batches timed for the PIL path")
@@ -156,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if not (args.root / "Stanford_Online_Products" / "Ebay_test.txt").is_file():
         make_sop(args.root, scale=args.scale, workers=len(os.sched_getaffinity(0)))
+    if args.replicate > 1:
+        args.root = replicate(args.root, args.replicate)
     results: dict = {"uptime_before": os.popen("uptime").read().strip(), "host": platform.node(), "cpus": os.cpu_count()}
     splits = load_dataset("sop", args.root)
     images = len(splits.train) + len(splits.test)
@@ -168,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         stale.unlink()
     subprocess.run(["sync"], check=False)
     started = time.perf_counter()
-    cache.attach_cache(splits, SIZE, args.root)
+    cache.attach_cache(splits, SIZE, args.root, workers=args.build_workers)
+    results["build_workers"] = args.build_workers
     results["build_s"] = time.perf_counter() - started
     results["build_images_per_s"] = images / results["build_s"]
     results["cache_gib"] = splits.train.decoded.pixels.nbytes / 2**30
@@ -177,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
 
     results.update(cached_rates(splits, args.batch, args.batches))
     print(
-        f"cached: {results['cached_images_per_s']:.0f} images/s; bytes alone: {results['bytes_images_per_s']:.0f}; "
-        f"eval crops: {results['cached_eval_images_per_s']:.0f}; uint8 out: {results['cached_uint8_images_per_s']:.0f}",
+        f"cached, uint8 out: {results['cached_uint8_images_per_s']:.0f} images/s; normalized on the CPU: "
+        f"{results['cached_images_per_s']:.0f}; bytes alone: {results['bytes_images_per_s']:.0f}; "
+        f"eval crops: {results['cached_eval_images_per_s']:.0f}",
         flush=True,
     )
     del splits  # this process's mapping of the cache: the readers alone share it

@@ -34,6 +34,7 @@ from trainables.core.transforms import (
     crop_resize,
     eval_transform,
     keep_batch,
+    normalize_batch,
     random_crop_boxes,
 )
 
@@ -298,6 +299,9 @@ def test_crop_resize_crops_flips_and_matches_the_eval_path():
     torch.testing.assert_close(whole[0].permute(1, 2, 0), torch.from_numpy(squashed), atol=0, rtol=0)
     flipped = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 90.0, 60.0]]), torch.tensor([True]), 90)
     torch.testing.assert_close(flipped, whole.flip(-1), atol=0, rtol=0)
+    boxes, flips = torch.tensor([[0.0, 0.0, 90.0, 60.0]] * 4), torch.tensor([True, False, False, True])
+    four = crop_resize(pixels.repeat(4, 1, 1, 1), shapes.repeat(4, 1), boxes, flips, 90)
+    torch.testing.assert_close(four, torch.cat([flipped, whole, whole, flipped]), atol=0, rtol=0)  # each image its own flip
     # the left half of the original (45 x 60 px) is the stored 45 x 90 px, resized as torchvision resizes a crop
     left = crop_resize(pixels, shapes, torch.tensor([[0.0, 0.0, 45.0, 60.0]]), no, 45)
     by_torchvision = v2.functional.resized_crop(pixels.permute(0, 3, 1, 2), 0, 0, 90, 45, [45, 45], antialias=True)
@@ -312,6 +316,8 @@ def test_cached_evaluation_images_match_the_pil_path(tmp_path):
     splits = load_dataset("sop", tmp_path)
     cache.attach_cache(splits, 224, tmp_path)
     cached, _ = CachedImages(splits.test, 224).__getitems__(list(range(len(splits.test))))
+    assert cached.dtype == torch.uint8  # normalized on the device, after the copy
+    cached = normalize_batch(cached, "photos")
     streamed = torch.stack([TorchImages(splits.test, eval_transform("photos", 224))[i][0] for i in range(len(splits.test))])
     assert cached.shape == streamed.shape == (len(splits.test), 3, 224, 224)
     # the same crop, resampled twice (squashed to 256 x 256, then cropped) against once: about 1 grey level apart
@@ -380,3 +386,15 @@ def test_the_drivers_photo_check_builds_the_cache_once_and_then_decodes_nothing(
     truncated_jpeg(bad)  # a changed file: a new key, a new build, which stops at it with its one line
     with pytest.raises(DatasetError, match=rf"^{re.escape(str(bad))}: unreadable image \(OSError[^\n]*$"):
         check_photos(load_dataset("sop", sop), "sop", SIZE, sop, workers=1)
+
+
+def test_a_uint8_batch_is_normalized_as_torchvision_normalizes_and_a_float_one_is_left_alone():
+    from trainables.core.data import IMAGENET_MEAN, IMAGENET_STD
+
+    images = torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    expected = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)(images.float() / 255)
+    torch.testing.assert_close(normalize_batch(images, "photos"), expected, atol=1e-5, rtol=0)
+    gray = torch.randint(0, 256, (2, 1, 5, 4), dtype=torch.uint8)
+    torch.testing.assert_close(normalize_batch(gray, "characters"), gray.float() / 255 * 2 - 1, atol=1e-6, rtol=0)
+    normalized = expected.clone()
+    assert normalize_batch(normalized, "photos") is normalized

@@ -244,4 +244,3 @@ def attach_cache(splits: DatasetSplits, image_size: int, data_root: str | os.Pat
     for images in sets:
         images.decoded = Decoded(pixels, shapes, np.array([row[p] for p in images.paths], dtype=np.int64))
     return True
-

@@ -40,7 +40,7 @@ from .metrics import evaluate_embeddings, one_shot_error
 from .models import EmbeddingNet
 from .optimizers import build_optimizer
 from .sampler import ClassBatchSampler
-from .transforms import image_dataset
+from .transforms import image_dataset, normalize_batch
 
 log = logging.getLogger(__name__)
 ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
@@ -144,11 +144,13 @@ def train_one_epoch(
     before_step: Callable[[int], None] | None = None,
     plan: PrecisionPlan = FULL_PRECISION,
     scaler: torch.amp.GradScaler | None = None,
+    kind: str = "photos",
 ) -> dict[str, float]:
     """One pass over ``loader``; returns train_loss, train_accuracy (+ train_mean_proxy_norm for softmax), time/data_s, time/compute_s.
 
     ``before_step(step)`` runs before each optimizer step (the per-step schedule). The model's forward pass runs
-    under ``plan``'s autocast and the loss in float32; ``scaler`` (fp16) scales the backward pass.
+    under ``plan``'s autocast and the loss in float32; ``scaler`` (fp16) scales the backward pass. A uint8 batch (the
+    decoded cache's) is normalized with ``kind``'s statistics on ``device``, after the copy.
     """
     model.train()
     loss_fn.train()
@@ -157,7 +159,7 @@ def train_one_epoch(
     data_time = compute_time = 0.0
     tick = time.perf_counter()
     for step, (images, labels) in enumerate(loader):
-        images = images.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT)
+        images = normalize_batch(images.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT), kind)
         labels = labels.to(device, non_blocking=True)
         start = time.perf_counter()
         data_time += start - tick
@@ -199,8 +201,9 @@ def embed(
     )
     out = []
     for batch, _ in loader:
+        batch = normalize_batch(batch.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT), images.kind)
         with plan.autocast():
-            out.append(model(batch.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT)).float().cpu())
+            out.append(model(batch).float().cpu())
     return torch.cat(out)
 
 
@@ -422,7 +425,7 @@ def fit(
         def before_step(step: int, epoch: int = epoch, steps: int = steps) -> None:
             apply_schedule(run, epoch + step / steps)
 
-        step_kwargs = {"epoch": epoch, "before_step": before_step, "plan": run.plan, "scaler": run.scaler}
+        step_kwargs = {"epoch": epoch, "before_step": before_step, "plan": run.plan, "scaler": run.scaler, "kind": run.train_set.kind}
         metrics = train_one_epoch(run.model, run.loss_fn, run.optimizer, loader, run.device, **step_kwargs)
         metrics["lr_now"] = run.optimizer.param_groups[0]["lr"]  # of the epoch's last step
         metrics.update(run.loss_fn.schedule_metrics())
