@@ -33,9 +33,17 @@ def test_each_precision_is_an_autocast_dtype_and_a_scaler_per_device():
     for (precision, device), (dtype, scaled) in expected.items():
         plan = precision_plan(precision, device)
         assert (plan.device_type, plan.dtype, plan.scaled) == (device, dtype, scaled), (precision, device)
-    with pytest.raises(ConfigError, match=r"^precision='fp16' is not allowed on the cpu; expected bf16 or fp32"):
-        precision_plan("fp16", "cpu")
+    with pytest.raises(ConfigError, match=r"^trial config: precision='fp16' is not allowed on the cpu; expected bf16 or fp32"):
+        precision_plan("fp16", "cpu", "trial config")
     assert precision_plan("fp32", "cpu").scaler() is None
+
+
+def test_a_run_with_fp16_on_the_cpu_stops_at_once_naming_its_config():
+    from trainables.core.engine import build_run
+
+    config = TrainConfig.from_dict({"precision": "fp16", "dataset": "synthetic"})
+    with pytest.raises(ConfigError, match=r"^runs/x.yaml: precision='fp16' is not allowed on the cpu; expected bf16 or fp32"):
+        build_run(config, device=torch.device("cpu"), source="runs/x.yaml")
 
 
 def test_the_autocast_of_a_plan_computes_a_linear_layer_in_its_dtype():

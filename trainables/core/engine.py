@@ -81,8 +81,8 @@ class PrecisionPlan:
 FULL_PRECISION = PrecisionPlan("cpu")
 
 
-def precision_plan(precision: str, device_type: str) -> PrecisionPlan:
-    """What config key ``precision`` means on ``device_type`` ("cuda" or "cpu").
+def precision_plan(precision: str, device_type: str, source: str = "config") -> PrecisionPlan:
+    """What config key ``precision`` means on ``device_type`` ("cuda" or "cpu"); ``source`` names the config in errors.
 
     fp32: no autocast (the default, and what the CPU always ran before the key existed). bf16: autocast to
     bfloat16, on CUDA and on the CPU alike (bf16 has float32's range: no scaler). fp16: autocast to float16 with a
@@ -97,8 +97,8 @@ def precision_plan(precision: str, device_type: str) -> PrecisionPlan:
     if precision == "fp16" and device_type == "cuda":
         return PrecisionPlan(device_type, torch.float16, scaled=True)
     if precision == "fp16":
-        raise ConfigError(f"precision='fp16' is not allowed on the {device_type}; expected bf16 or fp32 there (fp16 needs CUDA)")
-    raise ConfigError(f"precision={precision!r} is not allowed; expected one of {', '.join(PRECISION_CHOICES)}")
+        raise ConfigError(f"{source}: precision='fp16' is not allowed on the {device_type}; expected bf16 or fp32 there (fp16 needs CUDA)")
+    raise ConfigError(f"{source}: precision={precision!r} is not allowed; expected one of {', '.join(PRECISION_CHOICES)}")
 
 
 def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
@@ -345,7 +345,7 @@ def build_run(
     if mode not in ("study", "final"):
         raise ValueError(f"mode={mode!r}; expected 'study' or 'final'")
     device = device or default_device()
-    plan = precision_plan(config.precision, device.type)
+    plan = precision_plan(config.precision, device.type, source)
     seed_everything(config.seed)
     splits = splits or load_dataset(config.dataset, data_root, config.image_size, download=download)
     image_size = image_size_for(config.dataset, config.image_size)
