@@ -109,7 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument(
-        "--num-workers", type=int, default=0, help="data-loading worker processes (photos benefit; in-memory Omniglot does not)"
+        "--num-workers",
+        type=int,
+        help="data-loading worker processes (default: photos on a GPU get the seed's CPUs - 1, everything else none)",
     )
     add_placement_flags(parser.add_argument)
     args = parser.parse_args(argv)
@@ -146,7 +148,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--seeds {args.seeds}: expected an integer >= 1")
     if args.epochs is not None and args.epochs < 1:
         parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
-    if args.num_workers < 0:
+    if args.num_workers is not None and args.num_workers < 0:
         parser.error(f"--num-workers {args.num_workers}: expected an integer >= 0")
     if args.cpus_per_trial is not None and not (math.isfinite(args.cpus_per_trial) and args.cpus_per_trial > 0):
         parser.error(f"--cpus-per-trial {args.cpus_per_trial}: expected a finite number > 0")
@@ -247,7 +249,7 @@ def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochRep
     run = fit(config, report, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=job.num_workers)
     elapsed = time.perf_counter() - started
     test = {k: v for k, v in run.metrics.items() if k.startswith("test_")}
-    embeddings = embed(run.model, run.eval_set, run.image_size, run.device).numpy()
+    embeddings = embed(run.model, run.eval_set, run.image_size, run.device, plan=run.plan).numpy()
     positive, negative = pair_similarities(embeddings, run.eval_set.labels, seed=config.seed)
     with tempfile.TemporaryDirectory() as tmp:
         histogram = similarity_histogram(
@@ -272,7 +274,7 @@ def embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> tuple
     ``study.report`` shows both; neighbours come from the gallery where the dataset has one.
     """
     seed, queries_set, gallery = run.config.seed, run.eval_set, run.gallery
-    gallery_embeddings = None if gallery is None else embed(run.model, gallery, run.image_size, run.device).numpy()
+    gallery_embeddings = None if gallery is None else embed(run.model, gallery, run.image_size, run.device, plan=run.plan).numpy()
     queries, neighbours = retrieval_examples(embeddings, queries_set.labels, seed=seed, gallery_embeddings=gallery_embeddings)
     source = queries_set if gallery is None else gallery
     correct = np.asarray(source.labels)[neighbours] == np.asarray(queries_set.labels)[queries][:, None]
@@ -495,7 +497,7 @@ class Target:
     parent_id: str
     placement: Placement
     device: torch.device  # in the driver and on this machine; a cluster's task trains on CUDA when it holds a GPU
-    num_workers: int
+    num_workers: int | None  # None: engine.loader_workers' rule
     workdir: Path
     data_root: str | None  # where a task on a cluster's node loads the dataset
 

@@ -83,7 +83,7 @@ class SeedJob:
     index: int  # in the configuration's seeds: 0 is the config's own seed
     config: TrainConfig  # with the seed set
     device: str  # cpu, cuda, cuda:N
-    num_workers: int
+    num_workers: int | None  # None: engine.loader_workers' rule
     threads: int | None  # torch threads; None: leave torch's default
     data_root: str | None  # where a task on another node loads the dataset
 

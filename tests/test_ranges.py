@@ -47,6 +47,7 @@ OUTSIDE = [
     ("dropout", 1.0, "[0, 1)"),
     ("val_fraction", 1.0, "(0, 1)"),
     ("val_fraction", 0.0, "(0, 1)"),
+    ("val_fold", -1, "[0, 10000]"),
     ("augment", 4.01, "[0, 4]"),
     ("seed", 10**400, "[0, 2147483647]"),  # beyond float's range: math.isfinite and float() raise OverflowError
     ("lr", 10**400, "(0, 3.40282e+38]"),
@@ -71,7 +72,7 @@ INSIDE = [
 ]
 
 
-INTEGERS = {"classes_per_batch", "samples_per_class", "embedding_dim", "epochs", "seed", "image_size"}
+INTEGERS = {"classes_per_batch", "samples_per_class", "embedding_dim", "epochs", "seed", "image_size", "val_fold"}
 FLOATS = {"alpha", "heating_target", "heating_start", "heating_lr_factor", "ice_scale", "mean_proxy_weight", "dropout", "lr"}
 FLOATS |= {"lr_decay_start", "weight_decay", "momentum", "new_layer_lr_mult", "augment", "val_fraction"}
 

@@ -101,12 +101,13 @@ def train_dml(
     *,
     data_root: str | None = None,
     device: str | None = None,
-    num_workers: int = 0,
+    num_workers: int | None = None,
     budgets: list[int] | None = None,
     checkpoint_every_s: float = 0.0,
 ) -> None:
     """Ray Tune function trainable for one trial; ``budgets`` defaults to ``[config epochs]``. An epoch's report carries
-    a checkpoint at most every ``checkpoint_every_s`` seconds (``trainables.cadence``; 0: every epoch)."""
+    a checkpoint at most every ``checkpoint_every_s`` seconds (``trainables.cadence``; 0: every epoch). ``num_workers``:
+    data-loading workers, None for ``engine.loader_workers``' rule (photos on CUDA: the trial's CPUs - 1; else none)."""
     train_config = TrainConfig.from_dict(dict(config), source="trial config")
     device, where = _placement(device)
 
