@@ -8,9 +8,11 @@ configuring metaheuristics", GECCO 2002; irace):
 
 - round r re-trains every surviving candidate at the full budget on fold r (other validation classes, and seed
   + r), so after round r each has a score on folds 0..r, its own trial's score on fold 0 included;
-- after each round, the candidates are compared fold by fold: the leader (best mean over the shared folds)
-  against each other by a one-sided paired t-test, the p-values adjusted for the several comparisons by Holm's
-  step-down rule; a candidate whose adjusted p is below ``alpha`` (0.05) is dropped;
+- after each round from ``first_test`` folds on (3: as irace, which tests only once a few instances are in, so
+  that no candidate is dropped on a spread estimated from two differences), the candidates are compared fold by
+  fold: the leader (best mean over the shared folds) against each other by a one-sided paired t-test, the
+  p-values adjusted for the several comparisons by Holm's step-down rule; a candidate whose adjusted p is below
+  ``alpha`` (0.05) is dropped;
 - the race stops when one candidate is left (``clear``), when the folds run out (``folds``), or when the next
   round would spend more than the confirmation budget (``budget``: ``--confirm-budget``, a share of the epochs
   the search trained). Round 1 always runs. A pick is called clear only when the test dropped every other
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALPHA = 0.05  # the race's family-wise error rate per round
+FIRST_TEST = 3  # folds every survivor has before the race's first test (fold 0 and two re-runs)
 CLEAR, FOLDS, BUDGET = "clear", "folds", "budget"  # why a race stopped
 
 
@@ -103,6 +106,7 @@ class RaceRules:
     budget_epochs: float  # epochs the re-runs may spend (math.inf: no limit); round 1 runs whatever it is
     epochs_per_run: int  # a re-run's epochs: the full budget
     alpha: float = ALPHA
+    first_test: int = FIRST_TEST
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def race(table: Mapping[int, Mapping[int, float]], rules: RaceRules) -> RaceStat
         failed = [k for k in alive if not math.isfinite(table[k][n - 1])]
         dropped.update({k: (n, math.nan) for k in failed})
         alive = [k for k in alive if k not in failed]
-        if len(alive) > 1:
+        if len(alive) > 1 and n >= rules.first_test:
             lost, p_values = beaten(fold_scores(table, alive, n), rules.mode, rules.alpha)
             dropped.update({k: (n, p) for k, p in lost.items()})
             alive = [k for k in alive if k not in lost]
@@ -196,11 +200,16 @@ class Selection:
             )
         tied = [c for c in others if c.dropped_after is None]
         why = "the confirmation budget is spent" if self.stopped == BUDGET else "the validation folds ran out"
-        p = min((c.p_value for c in tied), default=math.nan)
-        lead = f"lead {self.lead_in_se:.1f} standard errors" if math.isfinite(self.lead_in_se) else f"lead {self.lead:+.4f}"
+        lead = f"the winner's mean leads by {self.lead:.4f}"
+        tested = [c.p_value for c in tied if math.isfinite(c.p_value)]
+        if not tested:
+            return (
+                f"undecided: {why} after {n} folds, before the race's first test (at {FIRST_TEST} folds): {lead}, which {n} "
+                f"folds cannot tell from noise; the pick has the best mean of {len(tied) + 1} candidates"
+            )
         return (
             f"undecided: {why} after {n} folds, and the race cannot tell the winner from {len(tied)} other candidate(s) "
-            f"(paired t-test, Holm p = {p:.2f}; {lead}); the pick has the best mean"
+            f"(paired t-test, Holm p = {min(tested):.2f}; {lead}); the pick has the best mean"
         )
 
 
@@ -244,8 +253,9 @@ def race_selection(table: Mapping[int, Mapping[int, float]], rules: RaceRules) -
     state = race(table, rules)
 
     def candidate(key: int) -> Candidate:
-        folds = tuple(sorted(f for f, v in table[key].items() if math.isfinite(v)))
         after, p = state.dropped.get(key, (None, state.p_values.get(key, math.nan)))
+        used = after or state.folds_done  # the folds the race judged it on
+        folds = tuple(sorted(f for f, v in table[key].items() if math.isfinite(v) and f < used))
         return Candidate(key, tuple(float(table[key][f]) for f in folds), folds, after, p)
 
     sign = 1.0 if rules.mode == "max" else -1.0

@@ -35,10 +35,10 @@ def sf_df2(t: float) -> float:
     return (1 - t / math.sqrt(t * t + 2)) / 2
 
 
-# A leads B a little, fold by fold, and C by far. By hand (d = A - other):
-# after folds 0, 1: d(A, C) = 0.10, 0.10 (sd 0: p 0); d(A, B) = 0.01, 0.005: mean 0.0075, sd 0.005 / sqrt 2,
-#   t = 0.0075 / (0.0035355 / sqrt 2) = 3.0, df 1 -> p = 0.1024; Holm over 2: C 0 -> 0, B 2nd smallest x 1 = 0.1024
-# after folds 0-2 (A, B left): d = 0.01, 0.005, 0.005: mean 0.006667, sd 0.0028868, t = 4.0, df 2 -> p = 0.02860
+# A leads B a little, fold by fold, and C by far. The first test comes at 3 folds (FIRST_TEST). By hand (d = A - other):
+# after folds 0-2: d(A, C) = 0.10, 0.10, 0.10 (sd 0: p 0); d(A, B) = 0.01, 0.005, 0.005: mean 0.006667, sd 0.0028868,
+#   t = 0.006667 / (0.0028868 / sqrt 3) = 4.0, df 2 -> p = 0.02860; Holm over 2: C 0 x 2 = 0, B 0.0286 x 1 -> both dropped
+# after folds 0, 1 only (no test yet): d(A, B) = 0.01, 0.005: t = 0.0075 / (0.0035355 / sqrt 2) = 3.0, df 1 -> p = 0.1024
 TABLE = {
     1: {0: 0.90, 1: 0.91, 2: 0.92, 3: 0.93},  # A
     2: {0: 0.89, 1: 0.905, 2: 0.915, 3: 0.92},  # B
@@ -90,34 +90,36 @@ def test_holm_step_down_by_hand():
 
 
 # -- the race -----------------------------------------------------------------------------------
-def test_the_race_drops_the_clearly_beaten_round_by_round_until_one_is_left():
+def test_the_race_drops_the_clearly_beaten_at_its_first_test_and_stops_when_one_is_left():
     state = race(TABLE, OPEN)
     assert state.stopped == CLEAR and state.alive == (1,) and state.next_fold is None
     assert state.folds_done == 3  # fold 3 was never needed
-    assert state.dropped[3] == (2, 0.0)  # C after 2 folds, by its constant lag
-    assert state.dropped[2] == (3, pytest.approx(sf_df2(4.0)))  # B after 3 folds (one comparison left: no Holm factor)
+    assert state.dropped[3] == (3, 0.0)  # C, by its constant lag
+    assert state.dropped[2] == (3, pytest.approx(sf_df2(4.0)))  # B: Holm's factor 1 for the larger of two p-values
 
 
-def test_after_the_first_round_the_race_keeps_what_it_cannot_tell_apart():
+def test_no_candidate_is_dropped_before_the_first_test():
     one_round = {k: {f: v for f, v in scores.items() if f < 2} for k, scores in TABLE.items()}
     state = race(one_round, OPEN)
-    assert state.alive == (1, 2) and state.next_fold == 2 and state.stopped == ""  # waits for fold 2
-    assert state.p_values == pytest.approx({2: sf_df1(3.0)})  # 0.1024 after Holm's x 1 (C's 0 came first)
+    assert state.alive == (1, 2, 3) and state.next_fold == 2 and state.stopped == ""  # waits for fold 2: no test yet
+    assert state.p_values == {} and state.dropped == {}
+    # with a first test at 2 folds, C (p 0) would go now and B stay: p = 0.1024 (df 1), Holm's x 1 after C's 0
+    early = race(one_round, RaceRules("max", folds=4, budget_epochs=math.inf, epochs_per_run=10, first_test=2))
+    assert early.alive == (1, 2) and early.p_values == pytest.approx({2: sf_df1(3.0)})
 
 
 def test_the_race_stops_when_the_next_round_would_overspend_the_budget():
-    # round 1: 3 runs of 10 epochs; round 2 (A and B) would make 5 runs = 50 epochs > 40
-    state = race(TABLE, RaceRules("max", folds=4, budget_epochs=40, epochs_per_run=10))
-    assert state.stopped == BUDGET and state.alive == (1, 2) and state.folds_done == 2
-    # 50 epochs allow round 2: the race goes on to its clear end
-    assert race(TABLE, RaceRules("max", folds=4, budget_epochs=50, epochs_per_run=10)).stopped == CLEAR
+    # round 1: 3 runs of 10 epochs; round 2 would make 6 runs = 60 epochs
+    state = race(TABLE, RaceRules("max", folds=4, budget_epochs=59, epochs_per_run=10))
+    assert state.stopped == BUDGET and state.alive == (1, 2, 3) and state.folds_done == 2
+    assert race(TABLE, RaceRules("max", folds=4, budget_epochs=60, epochs_per_run=10)).stopped == CLEAR
 
 
 def test_round_1_runs_whatever_the_budget_and_the_race_stops_when_the_folds_run_out():
     first = race({k: {0: v[0]} for k, v in TABLE.items()}, RaceRules("max", folds=4, budget_epochs=1, epochs_per_run=10))
     assert first.next_fold == 1 and first.alive == (1, 2, 3)
     state = race(TABLE, RaceRules("max", folds=2, budget_epochs=math.inf, epochs_per_run=10))
-    assert state.stopped == FOLDS and state.alive == (1, 2) and state.folds_done == 2
+    assert state.stopped == FOLDS and state.alive == (1, 2, 3) and state.folds_done == 2
 
 
 def test_a_failed_re_run_drops_its_candidate_and_mode_min_races_the_other_way():
@@ -131,11 +133,11 @@ def test_a_failed_re_run_drops_its_candidate_and_mode_min_races_the_other_way():
 # -- the verdict --------------------------------------------------------------------------------
 def test_a_clear_race_says_so_with_its_p_values():
     selection = race_selection(TABLE, OPEN)
-    assert [c.key for c in selection.ranking] == [1, 2, 3]  # winner, then B (dropped last), then C
-    assert selection.winner.folds == (0, 1, 2, 3) and selection.winner.mean == pytest.approx(0.915)
-    assert selection.ranking[1].dropped_after == 3 and selection.ranking[2].dropped_after == 2
+    assert [c.key for c in selection.ranking] == [1, 2, 3]  # the winner, then B and C (both dropped at 3 folds), by mean
+    assert selection.winner.folds == (0, 1, 2) and selection.winner.mean == pytest.approx(0.91)  # the folds it was judged on
+    assert selection.ranking[1].dropped_after == 3 and selection.ranking[2].dropped_after == 3
     assert selection.verdict() == (
-        f"clear: over 4 validation folds the winner beats every other candidate (paired t-test, Holm p <= {sf_df2(4.0):.3f})"
+        f"clear: over 3 validation folds the winner beats every other candidate (paired t-test, Holm p <= {sf_df2(4.0):.3f})"
     )
 
 
@@ -143,11 +145,17 @@ def test_an_undecided_race_never_claims_more_than_its_test():
     one_round = {k: {f: v for f, v in scores.items() if f < 2} for k, scores in TABLE.items()}
     selection = race_selection(one_round, RaceRules("max", folds=4, budget_epochs=30, epochs_per_run=10))
     assert selection.stopped == BUDGET and [c.key for c in selection.ranking] == [1, 2, 3]
-    # lead of A over B, paired: d = 0.01, 0.005 -> 0.0075 / (0.0035355 / sqrt 2) = 3.0 standard errors
+    # lead of A over B, paired: d = 0.01, 0.005 -> 0.0075, 3.0 standard errors (not a test: df 1 is not tested)
     assert selection.lead == pytest.approx(0.0075) and selection.lead_in_se == pytest.approx(3.0)
     verdict = selection.verdict()
-    assert verdict.startswith("undecided: the confirmation budget is spent after 2 folds")
-    assert f"Holm p = {sf_df1(3.0):.2f}" in verdict and "clear" not in verdict
+    assert verdict.startswith("undecided: the confirmation budget is spent after 2 folds, before the race's first test (at 3 folds)")
+    assert "leads by 0.0075" in verdict and "best mean of 3 candidates" in verdict and "clear" not in verdict
+    # after a test that drops no one, the verdict gives its p-value: A against B on 3 folds with B level on fold 2
+    level = {1: {0: 0.90, 1: 0.91, 2: 0.92}, 2: {0: 0.89, 1: 0.905, 2: 0.93}}
+    tied = race_selection(level, RaceRules("max", folds=3, budget_epochs=math.inf, epochs_per_run=10))
+    assert tied.stopped == FOLDS and tied.verdict().startswith("undecided: the validation folds ran out after 3 folds")
+    # d = 0.01, 0.005, -0.01: mean 0.001667, sd 0.010408, t = 0.2774, df 2 -> p = 0.4037
+    assert f"Holm p = {sf_df2(0.001667 / (0.010408 / math.sqrt(3))):.2f}" in tied.verdict()
 
 
 def test_a_selection_record_round_trips_and_an_old_seed_record_still_reads():
