@@ -18,6 +18,7 @@ from ray.tune import Callback
 
 from study.recorder import TrialRecorder
 from study.records import active_tag
+from study.selection import planned_runs
 from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 from study.tunestate import KeepTuneState
@@ -179,12 +180,13 @@ class Progress(Callback):
     """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has ended, the
     time left (``time_left``).
 
-    ``num_samples`` search trials, then the race's re-runs, counted apart (never "the best"): ``reruns`` is the
-    race's first round (one re-run per candidate), what the time left counts; later rounds depend on its scores.
+    ``num_samples`` search trials, then the race's re-runs, counted apart (never "the best"). ``race``: its
+    candidates, folds and budget (``--confirm-top``, the data's folds, ``--confirm-budget``); the time left counts the
+    re-runs it trains if none is dropped (``selection.planned_runs``) with the search's epochs as estimated so far.
     """
 
-    def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int, reruns: int = 0) -> None:
-        self.metric, self.mode, self.max_epochs, self.num_samples, self.reruns = metric, mode, max_epochs, num_samples, reruns
+    def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int, race: tuple[int, int, float] = (0, 0, 0.0)) -> None:
+        self.metric, self.mode, self.max_epochs, self.num_samples, self.race = metric, mode, max_epochs, num_samples, race
         self.started = time.time()
         self.last_line = 0.0
         self.budgets: set[int] = set()  # the budgets of the ladder, as trials report them
@@ -198,12 +200,12 @@ class Progress(Callback):
         if not search_ended or self.first_result is None or done <= self.first_result[1]:
             return None
         search = (max(self.num_samples - len(search_ended) - len(search_running), 0), search_ended, search_running)
-        reruns = (
-            max(self.reruns - len(reruns_running) - sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED), 0),
-            reruns_running,
-        )
+        budgets = sorted(self.budgets)
+        search_epochs = sum(search_ended) + sum(search_running) + epochs_left(search, (0, []), self.max_epochs, budgets)
+        planned = planned_runs(*self.race, search_epochs, self.max_epochs)
+        started = len(reruns_running) + sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED)
         pace = (time.time() - self.first_result[0]) / (done - self.first_result[1])
-        return epochs_left(search, reruns, self.max_epochs, sorted(self.budgets)) * pace
+        return epochs_left(search, (max(planned - started, 0), reruns_running), self.max_epochs, budgets) * pace
 
     def _outcome(self, trial) -> str:
         return trial_outcome(trial.last_result, error=trial.status == "ERROR", metric=self.metric, max_epochs=self.max_epochs)

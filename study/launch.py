@@ -323,6 +323,11 @@ class StudySettings:
         return 0.0 if self.space.is_grid else self.record.confirm_budget
 
     @property
+    def race_plan(self) -> tuple[int, int, float]:
+        """The race's candidates, folds and budget (study.selection.planned_runs): what the progress line's time left counts."""
+        return self.record.confirm_top, self.record.val_folds, self.confirm_budget
+
+    @property
     def reruns(self) -> int:
         """The race's re-runs the study's Tuner trains at most, after its ``num_samples`` trials: each candidate on
         every other fold."""
@@ -618,7 +623,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
             verbose=0,
             callbacks=[
                 MlflowTrials(recorder, s.record.metric, s.max_epochs),
-                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.record.confirm_top if s.reruns else 0),
+                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, race=s.race_plan),
                 *([KeepState(s.experiment_dir)] if "://" not in s.experiment_dir else []),
                 CSVLoggerCallback(),
                 JsonLoggerCallback(),

@@ -119,6 +119,18 @@ class RaceState:
     stopped: str = ""  # CLEAR, FOLDS or BUDGET once over
 
 
+def planned_runs(top: int, folds: int, budget: float, search_epochs: float, epochs_per_run: int) -> int:
+    """The re-runs a race of ``top`` candidates trains if none is dropped: round 1, then each further round while
+    ``race``'s budget rule lets it start (``budget`` x ``search_epochs``) and a fold is left. What the progress line
+    counts in its time left: drops only make the race shorter."""
+    if budget <= 0 or folds < 2 or top < 1:
+        return 0
+    rounds = 1
+    while rounds < folds - 1 and (rounds + 1) * top * epochs_per_run <= budget * search_epochs:
+        rounds += 1
+    return rounds * top
+
+
 def fold_scores(table: Mapping[int, Mapping[int, float]], keys: Sequence[int], n: int) -> dict[int, list[float]]:
     """Each key's scores on folds 0 .. n - 1."""
     return {k: [float(table[k][f]) for f in range(n)] for k in keys}

@@ -38,7 +38,7 @@ def test_epochs_left_by_hand():
 
 
 def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoch(capsys):
-    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, reruns=1)
+    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, race=(1, 2, 0.5))  # one candidate, one fold to race on: one re-run
     progress.started = time.time() - 30  # 30 s into the study, the first epoch reported 10 s in (Ray's start-up before)
     progress.first_result, progress.budgets = (time.time() - 20, 0), {2, 8}
     first = line(progress, [trial("a", "RUNNING", 6), trial("b", "RUNNING", 2)], capsys)

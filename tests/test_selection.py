@@ -232,3 +232,14 @@ def test_the_study_replays_the_race_on_the_tuners_results():
     assert selection.stopped == BUDGET  # round 2 would make 6 runs of 10 epochs, over 10
     settings.confirm_budget = 0  # a grid, or --confirm-budget 0
     assert launch.selection_of(settings, study, results) is None
+
+
+def test_planned_runs_of_a_race_nobody_leaves_by_hand():
+    from study.selection import planned_runs
+
+    # the default study: about 194 epochs searched, 16-epoch re-runs of 3 candidates over 5 folds
+    assert planned_runs(3, 5, 0.5, 194, 16) == 6  # round 2: 6 x 16 = 96 <= 97; round 3: 144 > 97
+    assert planned_runs(3, 5, 0.25, 194, 16) == 3  # round 1 only: 96 > 48.5
+    assert planned_runs(3, 5, 10, 194, 16) == 12  # every fold: 4 rounds
+    assert planned_runs(3, 2, 10, 194, 16) == 3  # one fold to race on
+    assert planned_runs(3, 5, 0, 194, 16) == 0 and planned_runs(3, 1, 1, 194, 16) == 0  # no budget, no second fold
