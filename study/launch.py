@@ -109,11 +109,11 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
     a(
         "--confirm-budget",
         type=float,
-        default=0.5,
+        default=0.6,
         metavar="FRACTION",
         help="the race's budget, a share of the epochs the search trained: the top trials re-train on other validation folds "
         "in rounds, the clearly beaten are dropped, until one leads beyond noise or the budget or folds run out "
-        "(study.selection; default 0.5: in the default study, two rounds of 3 and the race's first test; 0: name the "
+        "(study.selection; default 0.6: in the default study, two rounds of 3 and the race's first test; 0: name the "
         "single best score)",
     )
 
@@ -195,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.confirm_top < 1:
         bad("--confirm-top", args.confirm_top, "an integer >= 1")
     if not 0 <= args.confirm_budget <= 100:
-        bad("--confirm-budget", args.confirm_budget, "a share of the search's epochs from 0 to 100 (e.g. 0.5)")
+        bad("--confirm-budget", args.confirm_budget, "a share of the search's epochs from 0 to 100 (e.g. 0.6)")
     if args.grace_period is not None and args.grace_period < 1:
         bad("--grace-period", args.grace_period, "an integer >= 1")
     if args.reduction_factor is not None and not (math.isfinite(args.reduction_factor) and args.reduction_factor > 1):
