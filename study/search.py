@@ -33,7 +33,7 @@ from ray.tune.search import Searcher
 
 from study.journal import open_storage
 from study.record import SAMPLERS
-from study.selection import RaceRules, race, rerun_candidates
+from study.selection import RaceRules, ahead, race, rerun_candidates
 from study.spaces import Space
 from study.trial import COMPLETE, FAIL, PRUNED, epochs_trained, is_finite_number, race_config, race_table, trial_outcome
 
@@ -194,8 +194,11 @@ class RacingSearcher(OptunaSearcher):
         if unfinished:
             return [(n, 1) for n in rerun_candidates(values, self.top, self.mode, unfinished)]
         candidates = rerun_candidates(values, self.top, self.mode)
-        state = race(race_table(values, candidates, self.scores), self.rules(complete))
-        return [] if state.next_fold is None else [(n, state.next_fold) for n in state.alive]
+        rules = self.rules(complete)
+        state = race(race_table(values, candidates, self.scores), rules)
+        if state.next_fold is None:
+            return []
+        return [(n, state.next_fold) for n in state.alive] + [(n, fold) for n, fold in ahead(state, rules, self.scores)]
 
     def rules(self, complete: dict[int, optuna.trial.FrozenTrial]) -> RaceRules:
         """The race's rules once the search is over: its budget is a share of the epochs every search trial trained."""

@@ -162,6 +162,21 @@ def race(table: Mapping[int, Mapping[int, float]], rules: RaceRules) -> RaceStat
             alive = [k for k in alive if k not in lost]
 
 
+def ahead(state: RaceState, rules: RaceRules, scores: Mapping[tuple[int, int], float]) -> list[tuple[int, int]]:
+    """Re-runs of the round after ``state.next_fold`` that may start before that round ends: no test can come
+    between them (the round ends below ``first_test`` folds), so nobody can be dropped but by a failed re-run, and
+    the budget allows the next round for every survivor. Given to the candidates whose own re-run of the current
+    round has a score, they fill the slots the round's last re-runs leave idle. ``scores``: (trial, fold) -> score.
+    """
+    fold = state.next_fold
+    if fold is None or fold + 1 >= rules.first_test or fold + 1 >= rules.folds:
+        return []
+    runs = (fold + 1) * len(state.alive)  # rounds 1 .. fold + 1, every survivor in each (nobody dropped before a test)
+    if runs * rules.epochs_per_run > rules.budget_epochs:
+        return []
+    return [(k, fold + 1) for k in state.alive if math.isfinite(scores.get((k, fold), math.nan))]
+
+
 # ----------------------------------------------------------------------------- the verdict
 @dataclass(frozen=True)
 class Candidate:

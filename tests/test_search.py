@@ -300,15 +300,19 @@ def test_the_race_runs_round_after_round_drops_the_beaten_and_survives_a_restore
         return {(trial_of[confirmed_trial(c)], c[FOLD_KEY]): i for c, i in zip(given, ids, strict=True)}
 
     first = round_of(searcher, ["r1", "r2", "r3"])
-    assert set(first) == {("a", 1), ("b", 1), ("c", 1)} and searcher.suggest("r4") is None  # round 2 waits for round 1
+    assert set(first) == {("a", 1), ("b", 1), ("c", 1)} and searcher.suggest("r4") is None  # nothing has a fold-1 score
     searcher.save(str(tmp_path / "state.pkl"))
     restored = pickle.loads(pickle.dumps(searcher))
     restored.restore(str(tmp_path / "state.pkl"))
     assert isinstance(restored, RacingSearcher) and set(restored.reruns) == {"r1", "r2", "r3"}
-    for (tid, fold), rid in first.items():
-        finish(restored, rid, scores[tid][fold])
-    second = round_of(restored, ["r4", "r5", "r6"])
-    assert set(second) == {("a", 2), ("b", 2), ("c", 2)}  # no test before 3 folds: everyone runs round 2
+    by_trial = {tid: rid for (tid, _), rid in first.items()}
+    finish(restored, by_trial["a"], scores["a"][1])
+    early = round_of(restored, ["r4"])  # no test before 3 folds: a starts round 2 while b and c train round 1
+    assert set(early) == {("a", 2)} and restored.suggest("r5") is None
+    for tid in "bc":
+        finish(restored, by_trial[tid], scores[tid][1])
+    second = {**early, **round_of(restored, ["r5", "r6"])}
+    assert set(second) == {("a", 2), ("b", 2), ("c", 2)}
     assert restored.suggest("r7") is None
     for (tid, fold), rid in second.items():
         finish(restored, rid, scores[tid][fold])

@@ -243,3 +243,18 @@ def test_planned_runs_of_a_race_nobody_leaves_by_hand():
     assert planned_runs(3, 5, 10, 194, 16) == 12  # every fold: 4 rounds
     assert planned_runs(3, 2, 10, 194, 16) == 3  # one fold to race on
     assert planned_runs(3, 5, 0, 194, 16) == 0 and planned_runs(3, 1, 1, 194, 16) == 0  # no budget, no second fold
+
+
+def test_the_next_round_starts_early_only_where_no_test_or_budget_can_stop_it():
+    from study.selection import ahead
+
+    first = {1: {0: 0.90, 1: 0.91}, 2: {0: 0.89}, 3: {0: 0.80, 1: 0.81}}  # round 1: 2's re-run still trains
+    state = race(first, OPEN)
+    assert state.next_fold == 1
+    scores = {(1, 1): 0.91, (3, 1): 0.81}
+    assert ahead(state, OPEN, scores) == [(1, 2), (3, 2)]  # fold 2 ends below the first test (3 folds): nobody can drop
+    # rounds 1 and 2 for 3 candidates are 6 runs of 10 epochs: a budget of 59 stops round 2, so nothing starts early
+    assert ahead(state, RaceRules("max", folds=4, budget_epochs=59, epochs_per_run=10), scores) == []
+    assert ahead(state, RaceRules("max", folds=2, budget_epochs=math.inf, epochs_per_run=10), scores) == []  # no fold 2
+    two = race({k: {**v, 2: 0.5} if k != 2 else {0: 0.89, 1: 0.9} for k, v in first.items()}, OPEN)
+    assert two.next_fold == 2 and ahead(two, OPEN, {(1, 2): 0.5}) == []  # round 3 would follow the first test
