@@ -51,6 +51,8 @@ from trainables.core.config import ConfigError, TrainConfig, check_classes_per_b
 from trainables.core.data import (
     DATA_ROOT_ENV,
     DatasetError,
+    ImageSet,
+    alphabets,
     check_retrieval_set,
     dataset_label,
     load_dataset,
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m study.launch", description=doc[1], epilog="\n\n".join(doc[2:]), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_search_flags(parser.add_argument_group("what to search").add_argument)
+    add_race_flags(parser.add_argument_group("how the best is named").add_argument)
     add_cluster_flags(parser.add_argument_group("where trials run").add_argument)
     add_record_flags(parser.add_argument_group("where the study is recorded").add_argument)
     return parser
@@ -115,6 +118,18 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
         "in rounds, the clearly beaten are dropped, until one leads beyond noise or the budget or folds run out "
         "(study.selection; default 0.6: in the default study, two rounds of 3 and the race's first test; 0: name the "
         "single best score)",
+    )
+
+
+def add_race_flags(a: Callable[..., argparse.Action]) -> None:
+    """Which folds the race of the top trials holds out (study.selection)."""
+    a(
+        "--race-folds",
+        choices=RACE_FOLDS,
+        default="trial",
+        help="the validation folds the race re-trains the top trials on: trial (default: the trials' own split, config key "
+        "val_split) or alphabets (whole held-out alphabets, as the test of a characters dataset measures, whatever the "
+        "trials' split; needs alphabet/character class names)",
     )
 
 
@@ -358,8 +373,8 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     max_epochs = base_config(space).epochs
     scheduler, grace_period, reduction_factor = early_stopping_flags(args, max_epochs)
     data_root = tracking.resolve_data_root(args.data_root)
-    # a rehearsal reads no data: as many folds as val_fraction gives a large class split
-    fit_classes, val_folds = check_dataset(space, data_root) if args.rehearse is None else (0, int(1 / base_config(space).val_fraction))
+    rehearsal_folds = (0, int(1 / base_config(space).val_fraction))  # a rehearsal reads no data
+    fit_classes, val_folds = check_dataset(space, data_root, race_split(args.race_folds)) if args.rehearse is None else rehearsal_folds
     name = args.study_name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage_path = check_storage(args.storage_path or str(tracking.runs_dir() / "ray"))
     if note := shared_storage_note(args.address, storage_path):
@@ -449,21 +464,50 @@ def max_classes_per_batch(space: Space) -> int:
     return max(values)
 
 
-def check_dataset(space: Space, data_root: str | None) -> tuple[int, int]:
+RACE_FOLDS = ("trial", "alphabets")  # --race-folds
+
+
+def race_split(race_folds: str) -> str | None:
+    """The ``val_split`` of the race's re-runs for --race-folds: None, the trials' own."""
+    return None if race_folds == "trial" else race_folds
+
+
+def check_dataset(space: Space, data_root: str | None, race: str | None = None) -> tuple[int, int]:
     """Load the dataset once on the driver: the space must be able to fill its batches. Returns the number of fit
-    classes and of validation folds (``data.validation_folds``: the folds a confirmation race can hold out)."""
+    classes and of the race's validation folds (``check_race_folds``; ``race``: the race's split, None for the
+    trials' own)."""
     config = base_config(space)
     splits = load_dataset(config.dataset, data_root, config.image_size)
     where = dataset_label(config.dataset, data_root)
     checks.check_photos(splits, config.dataset, config.image_size, data_root)  # every photo decodes, into the node's cache
     fit_classes, val_classes = validation_split(splits.train, config.val_split, config.val_fraction, where)
     check_retrieval_set(splits.train.with_classes(val_classes), None, f"{where}: the validation classes")
-    split = f"{space.path} (val_split {config.val_split}, val_fraction {config.val_fraction})"
+    described = f"{space.path} (val_split {config.val_split}, val_fraction {config.val_fraction})"
+    check_fit_classes(space, len(fit_classes), described)
+    return len(fit_classes), check_race_folds(space, splits.train, where, race)
+
+
+def check_fit_classes(space: Space, fit_classes: int, described: str) -> None:
+    """The space's largest batch fits in ``fit_classes`` classes; else a SpaceError naming ``described``."""
     try:
-        check_classes_per_batch(max_classes_per_batch(space), len(fit_classes), config.dataset, split, "fit")
+        check_classes_per_batch(max_classes_per_batch(space), fit_classes, base_config(space).dataset, described, "fit")
     except ConfigError as error:
         raise SpaceError(str(error)) from None
-    return len(fit_classes), validation_folds(splits.train, config.val_split, config.val_fraction)
+
+
+def check_race_folds(space: Space, train: ImageSet, where: str, race: str | None) -> int:
+    """The validation folds the race can hold out (``data.validation_folds``): of the trials' split when ``race`` is
+    None, else of ``race`` (alphabets), whose every fold must leave the space's batches enough fit classes."""
+    config = base_config(space)
+    if race is None:
+        return validation_folds(train, config.val_split, config.val_fraction)
+    alphabet_of = alphabets(train)
+    if alphabet_of is None or len(set(alphabet_of.values())) < 3:
+        raise UsageError(f"--race-folds {race}: {where} has not 3 alphabets of 'alphabet/character' classes; expected --race-folds trial")
+    folds = validation_folds(train, race, config.val_fraction)
+    fewest = min(len(validation_split(train, race, config.val_fraction, where, f)[0]) for f in range(folds))
+    check_fit_classes(space, fewest, f"{space.path} (--race-folds {race}, val_fraction {config.val_fraction})")
+    return folds
 
 
 def shared_storage_note(address: str | None, storage_path: str) -> str | None:
@@ -603,7 +647,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
     s = settings
     searcher = RacingSearcher(
         s.space, s.record.optuna_storage, s.name, trials=s.record.num_samples, top=s.record.confirm_top, budget=s.confirm_budget,
-        folds=s.record.val_folds,
+        folds=s.record.val_folds, split=race_split(s.record.race_folds),
         metric=s.record.metric, mode=s.record.mode, max_epochs=s.max_epochs, seed=s.record.seed, sampler=s.record.sampler,
     )  # fmt: skip
     scheduler = s.early_stopping.scheduler
@@ -694,6 +738,7 @@ def print_header(s: StudySettings) -> None:
     ray_address = ray.get_runtime_context().gcs_address
     reruns = (
         f", then a race of the top {s.record.confirm_top} over up to {s.record.val_folds - 1} more validation folds "
+        f"{'of whole alphabets ' if s.record.race_folds == 'alphabets' else ''}"
         f"(budget {s.confirm_budget:g} x the search's epochs)"
         if s.reruns
         else ""

@@ -74,6 +74,9 @@ class StudyRecord:
     # the race's budget, a share of the search's epochs (study.selection); a study recorded before the race (it re-ran
     # its top trials with seeds) resumes without one
     confirm_budget: float = recorded(float, old=0.0, flag=True)
+    # which folds the race holds out: "trial" (the split the trials are scored on, config key val_split) or
+    # "alphabets" (whole alphabets, whatever the trials' split)
+    race_folds: str = recorded(str, old="trial", flag=True)
     max_concurrent: int | None = recorded(_optional_int, flag=True)  # resolved at the study's start: what --resume continues with
     cpus_per_trial: float = recorded(float, flag=True)
     gpus_per_trial: float = recorded(float, flag=True)
@@ -86,7 +89,7 @@ class StudyRecord:
     optuna_storage: str = recorded(str, flag=True)  # where the study is: --resume NAME needs nothing else
     storage_path: str = recorded(str, flag=True)
     fit_classes: int = recorded(_int)
-    val_folds: int = recorded(_int, old=1)  # the class-disjoint validation folds of the data (trainables.core.data)
+    val_folds: int = recorded(_int, old=1)  # the race's class-disjoint validation folds of the data (trainables.core.data)
     data_root: str | None = recorded(_optional, old=None)
     fixed: Mapping[str, str] = field(default_factory=dict)  # the space's fixed values (params fixed.<key>, as text)
 

@@ -164,12 +164,15 @@ class RacingSearcher(OptunaSearcher):
     Later rounds start once the search is over and the round before has every score: ``race`` says who is left and
     which fold they need, with the budget ``budget`` x the epochs the search trials trained. ``budget`` 0 (and a
     grid) re-runs nothing. The Tuner's ``num_samples`` is ``trials + top x (folds - 1)``; the searcher says FINISHED
-    once the race is over.
+    once the race is over. ``split``: the re-runs' ``val_split`` (``--race-folds``), None for the trials' own.
     """
 
-    def __init__(self, space: Space, storage, study_name: str, *, trials: int, top: int, budget: float, folds: int, **kwargs: Any) -> None:
+    def __init__(
+        self, space: Space, storage, study_name: str, *, trials: int, top: int, budget: float, folds: int, split: str | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(space, storage, study_name, **kwargs)
-        self.trials, self.top, self.budget, self.folds = trials, top, budget, folds
+        self.trials, self.top, self.budget, self.folds, self.split = trials, top, budget, folds, split
         self.reruns: dict[str, tuple[int, int]] = {}  # Tune trial id of a re-run -> (Optuna trial, fold)
         self.scores: dict[tuple[int, int], float] = {}  # (Optuna trial, fold) -> the re-run's score (NaN: it failed)
 
@@ -184,7 +187,7 @@ class RacingSearcher(OptunaSearcher):
         for number, fold in self.due(complete, unfinished):
             if (number, fold) not in given:
                 self.reruns[trial_id] = (number, fold)
-                return race_config(complete[number].user_attrs["config"], fold, number)
+                return race_config(complete[number].user_attrs["config"], fold, number, self.split)
         running = len(given) - len(self.scores)
         return Searcher.FINISHED if unfinished == 0 and running == 0 else None  # else wait: a result may start a round
 

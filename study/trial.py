@@ -55,10 +55,11 @@ CONFIRMS_KEY = "confirms_trial"  # in a re-run's config: the number of the Optun
 FOLD_KEY = "val_fold"  # the training config's key of the validation classes held out (trainables.core.data)
 
 
-def race_config(config: dict[str, Any], fold: int, number: int) -> dict[str, Any]:
-    """The config of Optuna trial ``number``'s re-run on validation fold ``fold``, from seed + ``fold`` (the trial's
-    own run is fold 0 from its seed)."""
-    return {**config, FOLD_KEY: int(fold), "seed": int(config.get("seed", 0)) + int(fold), CONFIRMS_KEY: int(number)}
+def race_config(config: dict[str, Any], fold: int, number: int, split: str | None = None) -> dict[str, Any]:
+    """The config of Optuna trial ``number``'s re-run on validation fold ``fold`` of ``split`` (config key
+    ``val_split``; None: the trial's own), from seed + ``fold`` (the trial's own run is fold 0 from its seed)."""
+    split_key = {} if split is None else {"val_split": split}
+    return {**config, **split_key, FOLD_KEY: int(fold), "seed": int(config.get("seed", 0)) + int(fold), CONFIRMS_KEY: int(number)}
 
 
 def race_table(values: Mapping[int, float], candidates: list[int], scores: Mapping[tuple[int, int], float]) -> dict[int, dict[int, float]]:

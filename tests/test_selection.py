@@ -258,3 +258,9 @@ def test_the_next_round_starts_early_only_where_no_test_or_budget_can_stop_it():
     assert ahead(state, RaceRules("max", folds=2, budget_epochs=math.inf, epochs_per_run=10), scores) == []  # no fold 2
     two = race({k: {**v, 2: 0.5} if k != 2 else {0: 0.89, 1: 0.9} for k, v in first.items()}, OPEN)
     assert two.next_fold == 2 and ahead(two, OPEN, {(1, 2): 0.5}) == []  # round 3 would follow the first test
+
+
+def test_a_re_run_of_a_race_on_alphabets_holds_out_an_alphabet_fold():
+    assert race_config({"seed": 0, "val_split": "classes"}, 3, 4, "alphabets") == {
+        "seed": 3, "val_split": "alphabets", FOLD_KEY: 3, CONFIRMS_KEY: 4,
+    }  # fmt: skip

@@ -677,3 +677,18 @@ def test_final_budget_factor_scales_the_final_epochs_only(tmp_path):
     default = load_space("default")
     assert default.final_epochs(default.fixed["epochs"]) == 32  # 2 x 16, chosen on the validation classes (docs/results.md)
     assert all(load_space(name).final_epochs(4) == 4 for name in ("smoke", "ice"))
+
+
+def test_race_folds_of_whole_alphabets_need_alphabets():
+    """--race-folds alphabets on generated glyphs (no alphabet names) is one line naming the flag; on Omniglot's 5
+    training alphabets of this data (Greek 24, Latin 26, Korean 40, Balinese 24, Early Aramaic 22 characters) it
+    gives 5 folds of one alphabet each, whatever the trials' own split."""
+    with pytest.raises(UsageError) as info:
+        check_dataset(shipped("smoke"), None, "alphabets")
+    assert "--race-folds alphabets" in str(info.value) and "\n" not in str(info.value)
+    from tests.conftest import omniglot_root
+
+    if omniglot_root() is None:
+        pytest.skip("no real Omniglot under shared/data or $DML_DATA_ROOT")
+    assert check_dataset(shipped("default"), str(omniglot_root()), "alphabets") == (109, 5)  # 136 - 27 fit; 5 alphabets
+    assert check_dataset(shipped("default"), str(omniglot_root())) == (109, 5)  # 136 // 27 class folds
