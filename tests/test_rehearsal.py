@@ -37,7 +37,8 @@ def assert_recorded_once(runs, name: str, trials: int) -> None:
 def test_a_rehearsal_runs_the_whole_study_on_more_slots_than_cores_without_data(runs, capsys, monkeypatch):
     monkeypatch.delenv("DML_DATA_ROOT", raising=False)  # a rehearsal reads no dataset
     argv = ["--rehearse", "0", "--ray-cpus", "6", "--space", "default", "--num-samples", "8", "--study-name", "r1"]
-    assert launch.main([*argv, "--epochs", "4", "--confirm-top", "2"]) == 0
+    # the race's first round only: its second needs 2 x 2 runs of 4 epochs, over 0.25 x the search's 32 epochs at most
+    assert launch.main([*argv, "--epochs", "4", "--confirm-top", "2", "--confirm-budget", "0.25"]) == 0
     out = capsys.readouterr().out
     assert "rehearsal (0 s per surrogate epoch, no training) of study r1" in out and ", 6 at once," in out
     assert "this was a rehearsal" in out
