@@ -83,7 +83,8 @@ def recorded_params(**values) -> dict[str, str]:
         space="smoke", epochs=4, num_samples=4, scheduler="budget", grace_period=1, reduction_factor=4.0, sampler="tpe",
         seed=0, metric="val_recall_at_1", confirm_top=3, confirm_budget=0.25, max_concurrent=2, cpus_per_trial=1.0,
         gpus_per_trial=0.0, mode="max", budgets=(1, 4), stratify_by=None, reuse_actors=True, final_epochs=4,
-        optuna_storage="journal:journal.log", storage_path="ray", fit_classes=8, val_folds=5, race_folds="trial", data_root=None, rehearse=None,
+        optuna_storage="journal:journal.log", storage_path="ray", fit_classes=8, val_folds=5, race_folds="trial", data_root=None,
+        rehearse=None,
     )  # fmt: skip
     params = record.to_params()
     for key, value in values.items():
