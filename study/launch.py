@@ -43,10 +43,10 @@ from study.record import METRICS, SAMPLERS, StudyRecord
 from study.record import flag_names as record_flag_names
 from study.recorder import TrialRecorder, spool_path
 from study.schedulers import SCHEDULERS, describe, ladder
-from study.selection import RaceRules, Selection, race_selection, rerun_candidates, selection_record
+from study.selection import RaceRules, Selection, race_selection, races, rerun_candidates, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import DEFAULT_EXPERIMENT
-from study.trial import FOLD_KEY, confirmed_trial, epochs_trained, is_finite_number, race_table
+from study.trial import FOLD_KEY, confirmed_trial, epochs_spent, is_finite_number, race_table
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
     DATA_ROOT_ENV,
@@ -346,7 +346,7 @@ class StudySettings:
     def reruns(self) -> int:
         """The race's re-runs the study's Tuner trains at most, after its ``num_samples`` trials: each candidate on
         every other fold."""
-        return self.record.confirm_top * (self.record.val_folds - 1) if self.confirm_budget > 0 else 0
+        return self.record.confirm_top * (self.record.val_folds - 1) if races(self.confirm_budget, self.record.val_folds) else 0
 
     @property
     def experiment_dir(self) -> str:
@@ -715,14 +715,14 @@ def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selec
     trials = study.get_trials(deepcopy=False)
     complete = {t.number: t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
     numbers = rerun_candidates(complete, s.record.confirm_top, s.record.mode)
-    if s.confirm_budget <= 0 or s.record.val_folds < 2 or not numbers:
+    if not races(s.confirm_budget, s.record.val_folds) or not numbers:
         return None
     scores = {}  # (Optuna trial, fold) -> score; NaN for a re-run that failed
     for result in results:
         n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.record.metric)
         if n is not None and FOLD_KEY in result.config:
             scores[n, int(result.config[FOLD_KEY])] = float(value) if result.error is None and is_finite_number(value) else math.nan
-    rules = RaceRules(s.record.mode, s.record.val_folds, s.confirm_budget * sum(epochs_trained(t) for t in trials), s.max_epochs)
+    rules = RaceRules(s.record.mode, s.record.val_folds, s.confirm_budget * epochs_spent(trials), s.max_epochs)
     selection = race_selection(race_table(complete, numbers, scores), rules)
     study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
     return selection

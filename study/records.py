@@ -28,7 +28,7 @@ from study import tracking
 from study.recorder import TrialRecorder, run_name, training_runs
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
-from study.trial import epochs_trained
+from study.trial import epochs_spent
 from study.utilization import Utilization, study_utilization
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
@@ -81,7 +81,7 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
         "n_pruned": counts["PRUNED"],
         "n_failed": counts["FAIL"],
         "wall_time_s": wall_s,
-        "epochs_spent": float(sum(epochs_trained(t) for t in trials)),
+        "epochs_spent": float(epochs_spent(trials)),
     }
     if selection is not None:
         metrics["confirmation_runs"] = float(sum(len(c.scores) - 1 for c in selection.ranking))

@@ -33,9 +33,9 @@ from ray.tune.search import Searcher
 
 from study.journal import open_storage
 from study.record import SAMPLERS
-from study.selection import RaceRules, ahead, race, rerun_candidates
+from study.selection import RaceRules, ahead, race, races, rerun_candidates
 from study.spaces import Space
-from study.trial import COMPLETE, FAIL, PRUNED, epochs_trained, is_finite_number, race_config, race_table, trial_outcome
+from study.trial import COMPLETE, FAIL, PRUNED, epochs_spent, is_finite_number, race_config, race_table, trial_outcome
 
 log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
@@ -179,7 +179,7 @@ class RacingSearcher(OptunaSearcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if len(self.numbers) < self.trials:
             return super().suggest(trial_id)
-        if self.budget <= 0 or self.folds < 2:
+        if not races(self.budget, self.folds):
             return Searcher.FINISHED
         unfinished = len(self._live)  # the search's trials still running, as Tune has told this searcher
         complete = {t.number: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
@@ -197,16 +197,11 @@ class RacingSearcher(OptunaSearcher):
         if unfinished:
             return [(n, 1) for n in rerun_candidates(values, self.top, self.mode, unfinished)]
         candidates = rerun_candidates(values, self.top, self.mode)
-        rules = self.rules(complete)
+        rules = RaceRules(self.mode, self.folds, self.budget * epochs_spent(self.study.get_trials(deepcopy=False)), self.max_epochs)
         state = race(race_table(values, candidates, self.scores), rules)
         if state.next_fold is None:
             return []
         return [(n, state.next_fold) for n in state.alive] + [(n, fold) for n, fold in ahead(state, rules, self.scores)]
-
-    def rules(self, complete: dict[int, optuna.trial.FrozenTrial]) -> RaceRules:
-        """The race's rules once the search is over: its budget is a share of the epochs every search trial trained."""
-        spent = sum(epochs_trained(t) for t in self.study.get_trials(deepcopy=False))
-        return RaceRules(self.mode, self.folds, self.budget * spent, self.max_epochs)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self.reruns:

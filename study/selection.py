@@ -108,6 +108,15 @@ class RaceRules:
     alpha: float = ALPHA
     first_test: int = FIRST_TEST
 
+    def affords(self, runs: int) -> bool:
+        """Whether ``runs`` re-runs in all stay within the budget: the rule that lets a round after the first start."""
+        return runs * self.epochs_per_run <= self.budget_epochs
+
+
+def races(budget: float, folds: int) -> bool:
+    """Whether a study races its top trials at all: a budget (``--confirm-budget`` > 0) and a fold beside fold 0."""
+    return budget > 0 and folds >= 2
+
 
 @dataclass(frozen=True)
 class RaceState:
@@ -123,10 +132,10 @@ def planned_runs(top: int, folds: int, budget: float, search_epochs: float, epoc
     """The re-runs a race of ``top`` candidates trains if none is dropped: round 1, then each further round while
     ``race``'s budget rule lets it start (``budget`` x ``search_epochs``) and a fold is left. What the progress line
     counts in its time left: drops only make the race shorter."""
-    if budget <= 0 or folds < 2 or top < 1:
+    if not races(budget, folds) or top < 1:
         return 0
-    rounds = 1
-    while rounds < folds - 1 and (rounds + 1) * top * epochs_per_run <= budget * search_epochs:
+    rules, rounds = RaceRules("max", folds, budget * search_epochs, epochs_per_run), 1
+    while rounds < folds - 1 and rules.affords((rounds + 1) * top):
         rounds += 1
     return rounds * top
 
@@ -148,7 +157,7 @@ def race(table: Mapping[int, Mapping[int, float]], rules: RaceRules) -> RaceStat
             return RaceState(tuple(alive), n, dropped, p_values, None, CLEAR)
         if n >= rules.folds:
             return RaceState(tuple(alive), n, dropped, p_values, None, FOLDS)
-        if n > 1 and (runs + len(alive)) * rules.epochs_per_run > rules.budget_epochs:
+        if n > 1 and not rules.affords(runs + len(alive)):
             return RaceState(tuple(alive), n, dropped, p_values, None, BUDGET)
         if not all(n in table[k] for k in alive):
             return RaceState(tuple(alive), n, dropped, p_values, n)
@@ -172,7 +181,7 @@ def ahead(state: RaceState, rules: RaceRules, scores: Mapping[tuple[int, int], f
     if fold is None or fold + 1 >= rules.first_test or fold + 1 >= rules.folds:
         return []
     runs = (fold + 1) * len(state.alive)  # rounds 1 .. fold + 1, every survivor in each (nobody dropped before a test)
-    if runs * rules.epochs_per_run > rules.budget_epochs:
+    if not rules.affords(runs):
         return []
     return [(k, fold + 1) for k in state.alive if math.isfinite(scores.get((k, fold), math.nan))]
 

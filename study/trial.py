@@ -50,6 +50,12 @@ def epochs_trained(trial: Any) -> int:
     return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
 
 
+def epochs_spent(trials: Any) -> int:
+    """The epochs a study's Optuna trials trained in all (``epochs_trained`` of each): what the race's budget is a
+    share of, and the study's ``epochs_spent``."""
+    return sum(epochs_trained(t) for t in trials)
+
+
 # ----------------------------------------------------------------------------- re-runs
 CONFIRMS_KEY = "confirms_trial"  # in a re-run's config: the number of the Optuna trial it re-runs
 FOLD_KEY = "val_fold"  # the training config's key of the validation classes held out (trainables.core.data)
