@@ -4,8 +4,11 @@ uninterrupted run after resuming from its checkpoint bundle.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +131,44 @@ def test_loader_workers_follow_the_trials_cpus_on_cuda_only(one_thread):
     assert trial_cpus() == 1  # torch's threads, which the trainable sets to the trial's CPUs
     torch.set_num_threads(2)
     assert trial_cpus() == 2
+
+
+def child_pids() -> set[int]:
+    """The live processes whose parent is this one (from /proc: field 4 of each stat, after the command's parentheses)."""
+    children = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                children.add(int(stat.parent.name))
+    return children
+
+
+def test_a_runs_evaluation_loaders_keep_their_workers_and_embed_as_a_fresh_loader(tmp_path, monkeypatch, one_thread):
+    """A trial evaluates after every epoch: its kept loader's worker processes are the same ones at the second
+    evaluation (not forked again), at most one per batch, and the embeddings equal those of a loader made for the
+    call alone, in the training process."""
+    from bench.photo_data import make_sop
+    from trainables.core.cache import attach_cache
+    from trainables.core.data import load_dataset
+    from trainables.core.engine import EvalLoaders, embed
+    from trainables.core.models import EmbeddingNet
+
+    monkeypatch.delenv("DML_CACHE_DIR", raising=False)
+    make_sop(tmp_path, scale=0.0004, size_scale=0.15)
+    splits = load_dataset("sop", tmp_path, 32)
+    assert attach_cache(splits, 32, tmp_path)
+    images, cpu = splits.train, torch.device("cpu")
+    model = EmbeddingNet("small_cnn", 8, "l2", image_size=32).eval()
+    loaders = EvalLoaders(32, cpu, num_workers=4, batch_size=8)
+    before = child_pids()
+    first = embed(model, images, 32, cpu, loaders=loaders)
+    workers = child_pids() - before
+    second = embed(model, images, 32, cpu, loaders=loaders)
+    assert len(workers) == min(4, math.ceil(len(images) / 8)) > 1
+    assert workers <= child_pids(), "the kept loader's workers ended between two evaluations"
+    assert loaders(images) is loaders(images)
+    few = images.with_classes(images.classes[:1])
+    assert len(few) <= 8 and loaders(few).num_workers == 1  # one batch: one worker
+    fresh = embed(model, images, 32, cpu)
+    torch.testing.assert_close(first, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(second, fresh, rtol=0, atol=0)

@@ -182,6 +182,32 @@ def train_one_epoch(
     return {"train_loss": total / max(count, 1), **means, "time/data_s": data_time, "time/compute_s": compute_time}
 
 
+class EvalLoaders:
+    """The evaluation DataLoaders of one run, one per image set, built at first use and kept.
+
+    With workers, a kept loader's processes stay alive between evaluations (``persistent_workers``): a trial
+    evaluates after every epoch, and starting ``num_workers`` processes each time cost a GPU trial 40 % of its
+    epoch (docs/benchmarks.md, "The GPU path"). A set gets at most one worker per batch.
+    """
+
+    def __init__(self, image_size: int, device: torch.device, num_workers: int = 0, batch_size: int = 256):
+        self.image_size, self.device, self.num_workers, self.batch_size = image_size, device, num_workers, batch_size
+        self.loaders: dict[int, tuple[ImageSet, torch.utils.data.DataLoader]] = {}
+
+    def __call__(self, images: ImageSet) -> torch.utils.data.DataLoader:
+        if id(images) not in self.loaders:  # the set is kept beside its loader, so its id stays its own
+            self.loaders[id(images)] = (images, self.build(images))
+        return self.loaders[id(images)][1]
+
+    def build(self, images: ImageSet) -> torch.utils.data.DataLoader:
+        dataset, collate = image_dataset(images, self.image_size)
+        workers = min(self.num_workers, math.ceil(len(images) / self.batch_size))
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=self.batch_size, num_workers=workers, collate_fn=collate,
+            pin_memory=self.device.type == "cuda", persistent_workers=workers > 0,
+        )  # fmt: skip
+
+
 @torch.no_grad()
 def embed(
     model: nn.Module,
@@ -189,16 +215,16 @@ def embed(
     image_size: int,
     device: torch.device,
     *,
-    batch_size: int = 256,
     num_workers: int = 0,
     plan: PrecisionPlan = FULL_PRECISION,
+    loaders: EvalLoaders | None = None,
 ) -> torch.Tensor:
-    """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation, under ``plan``'s autocast."""
+    """Embeddings (N, D) float32 on the CPU, in the model's eval mode, without augmentation, under ``plan``'s autocast.
+
+    ``loaders`` (a run's, kept between calls) reads ``images``; without it a loader of ``num_workers`` is built for
+    this call alone."""
     model.eval()
-    dataset, collate = image_dataset(images, image_size)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, pin_memory=device.type == "cuda"
-    )
+    loader = (loaders or EvalLoaders(image_size, device, num_workers))(images)
     out = []
     for batch, _ in loader:
         batch = normalize_batch(batch.to(device, non_blocking=True, memory_format=IMAGE_LAYOUT), images.kind)
@@ -220,6 +246,7 @@ def evaluate(
     num_workers: int = 0,
     one_shot_ways: int = 0,
     plan: PrecisionPlan = FULL_PRECISION,
+    loaders: EvalLoaders | None = None,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``).
 
@@ -227,11 +254,12 @@ def evaluate(
     With ``one_shot_ways`` (self-retrieval only) also ``{prefix}_one_shot_error_{ways}way``:
     400 seeded episodes, drawn within one alphabet where the classes have alphabets.
     """
-    queries = embed(model, images, image_size, device, num_workers=num_workers, plan=plan)
+    loaders = loaders or EvalLoaders(image_size, device, num_workers)
+    queries = embed(model, images, image_size, device, plan=plan, loaders=loaders)
     kwargs: dict[str, Any] = {}
     if gallery is not None:
         kwargs = {
-            "gallery_embeddings": embed(model, gallery, image_size, device, num_workers=num_workers, plan=plan),
+            "gallery_embeddings": embed(model, gallery, image_size, device, plan=plan, loaders=loaders),
             "gallery_labels": gallery.labels,
         }
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
@@ -311,7 +339,7 @@ def build_model(config: TrainConfig, kind: str, image_size: int) -> EmbeddingNet
     )
 
 
-def fit_reduction(run: Run, num_workers: int = 0) -> None:
+def fit_reduction(run: Run, loaders: EvalLoaders) -> None:
     """With embedding_reduction=pca, fit the model's PCA on the pool features of ``run.train_set``.
 
     001_df21db8a9bc1b516, sec. 3.1 and Fig. 3a: the features of the training
@@ -322,7 +350,7 @@ def fit_reduction(run: Run, num_workers: int = 0) -> None:
     """
     if run.model.pca is None:
         return
-    features = embed(run.model.backbone, run.train_set, run.image_size, run.device, num_workers=num_workers, plan=run.plan)
+    features = embed(run.model.backbone, run.train_set, run.image_size, run.device, plan=run.plan, loaders=loaders)
     run.model.pca.fit(features.to(run.device))
 
 
@@ -416,6 +444,7 @@ def fit(
         pin_memory=run.device.type == "cuda",
         persistent_workers=num_workers > 0,
     )
+    eval_loaders = EvalLoaders(run.image_size, run.device, num_workers)
     while run.epoch < config.epochs:
         epoch = run.epoch
         started = time.perf_counter()
@@ -433,7 +462,7 @@ def fit(
         run.epoch = epoch + 1
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
             tick = time.perf_counter()
-            fit_reduction(run, num_workers)
+            fit_reduction(run, eval_loaders)
             metrics.update(
                 evaluate(
                     run.model,
@@ -444,7 +473,7 @@ def fit(
                     ks=run.recall_ks,
                     gallery=run.gallery,
                     seed=config.seed,
-                    num_workers=num_workers,
+                    loaders=eval_loaders,
                     one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
                     plan=run.plan,
                 )
