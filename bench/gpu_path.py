@@ -1,0 +1,285 @@
+"""python bench/gpu_path.py: the CUDA path of the training core on one GPU, in one run.
+
+On a CUB-shaped photo set (bench/photo_data.py, generated under --root; 224 px crops, batches of C x k):
+
+- **step**: the training step alone, ``engine.train_one_epoch`` over batches already on the GPU (the decoded
+  cache's uint8 batches, normalized there), per backbone and precision (fp32, bf16, fp16): images/s of the
+  model's compute with no loader in the way, and the peak GPU memory;
+- **fit**: ``engine.fit`` in study mode as a trial runs it (the node's decoded cache, or the PIL path with the
+  cache off; the DataLoader workers of ``engine.loader_workers``: the process's CPUs - 1), per precision: train
+  images/s of the epochs after the first, the share of the epoch spent waiting for the loader, the evaluation's
+  seconds, and the GPU's utilization as ``nvidia-smi`` samples it: whether the loader feeds the GPU;
+- **pack**: K such fits at once on the one GPU, each with 1/K of the CPUs (Ray's fractional GPUs,
+  ``--gpus-per-trial 1/K``, place K trials so: the same device, no isolation): the summed train images/s against
+  K = 1, and each process's GPU memory.
+
+Each fit runs in its own process (``--child``), as a trial does. Results are written after every stage, so a
+run
+cut short keeps what it measured. Needs torch, torchvision, faiss, numpy and PIL (no Ray, MLflow or Optuna).
+
+  python bench/gpu_path.py --root /tmp/gpu_photos --out docs/bench/gpu_path.json --markdown docs/bench/gpu_path.md
+  python bench/gpu_path.py --root /tmp/gp --scale 0.05 --backbones resnet18 --epochs 2 --pack 1 2   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if "--code" in sys.argv:  # a child training another checkout's core (--baseline): its trainables come first
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
+
+import torch  # noqa: E402
+
+from bench.photo_data import make_cub  # noqa: E402
+from trainables.core import engine  # noqa: E402
+from trainables.core.config import TrainConfig  # noqa: E402
+from trainables.core.data import load_dataset  # noqa: E402
+from trainables.core.transforms import image_dataset  # noqa: E402
+
+
+def config_of(args: argparse.Namespace, backbone: str, precision: str) -> TrainConfig:
+    return TrainConfig.from_dict(
+        {
+            "dataset": "cub200",
+            "backbone": backbone,
+            "precision": precision,
+            "loss": "ice",
+            "classes_per_batch": args.classes,
+            "samples_per_class": args.per_class,
+            "embedding_dim": 512,
+            "epochs": args.epochs,
+            "seed": 0,
+        },
+        source="bench/gpu_path.py",
+    )
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_gib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def gpu_batches(run: engine.Run, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` training batches of ``run`` as the loader makes them, moved to its device once."""
+    label_index = {c: i for i, c in enumerate(run.classes)}
+    dataset, collate = image_dataset(run.train_set, run.image_size, run.config.augment, label_index)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=run.sampler, collate_fn=collate)
+    batches = []
+    for images, labels in loader:
+        batches.append((images.to(run.device), labels.to(run.device)))
+        if len(batches) == count:
+            return batches
+    return batches * (count // max(len(batches), 1) + 1)
+
+
+def step_rate(args: argparse.Namespace, backbone: str, precision: str) -> dict:
+    """Images/s of ``engine.train_one_epoch`` over batches on the GPU (no loader), after one warm-up pass."""
+    run = engine.build_run(config_of(args, backbone, precision), data_root=args.root)
+    batches = gpu_batches(run, args.steps)
+    kwargs = {"plan": run.plan, "scaler": run.scaler, "kind": run.train_set.kind}
+    engine.train_one_epoch(run.model, run.loss_fn, run.optimizer, batches[:3], run.device, **kwargs)
+    synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    engine.train_one_epoch(run.model, run.loss_fn, run.optimizer, batches, run.device, **kwargs)
+    synchronize()
+    seconds = time.perf_counter() - started
+    images = sum(len(labels) for _, labels in batches)
+    return {"backbone": backbone, "precision": precision, "images_per_s": images / seconds, "steps": len(batches),
+            "peak_gib": peak_gib()}  # fmt: skip
+
+
+def child_fit(args: argparse.Namespace) -> dict:
+    """One ``engine.fit`` (a trial's training), with per-epoch wall times; run in its own process."""
+    torch.set_num_threads(args.threads)
+    epochs: list[dict] = []
+
+    def on_epoch(epoch: int, metrics: dict[str, float], run: engine.Run) -> None:
+        images = len(run.sampler) * args.classes * args.per_class
+        epochs.append({"end": time.time(), "images": images, **{k: metrics[k] for k in metrics if k.startswith("time/")}})
+
+    splits = load_dataset("cub200", args.root)
+    run = engine.fit(config_of(args, args.fit_backbone, args.precision), on_epoch, data_root=args.root, splits=splits)
+    steady = epochs[1:] or epochs
+    rates = [e["images"] / e["time/train_s"] for e in steady]
+    return {
+        "images_per_s": statistics.median(rates),
+        "data_share": sum(e["time/data_s"] for e in steady) / sum(e["time/train_s"] for e in steady),
+        "eval_s": epochs[-1].get("time/eval_s"),
+        "workers": engine.loader_workers(None, run.train_set, run.device, engine.trial_cpus()),
+        "peak_gib": peak_gib(),
+        "epochs": epochs,
+        "val_recall_at_1": run.metrics.get("val_recall_at_1"),
+        "engine": engine.__file__,  # which checkout's core trained
+    }
+
+
+class GpuSampler:
+    """``nvidia-smi``'s utilization (%) and memory used (MiB), sampled every 0.2 s while the block runs."""
+
+    def __enter__(self) -> GpuSampler:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-lms", "200"]
+        self.lines: list[str] = []
+        try:
+            self.process = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+        except FileNotFoundError:  # no nvidia-smi: no samples
+            self.process = subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=lambda: self.lines.extend((time.time(), line) for line in self.process.stdout), daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.thread.join(timeout=5)
+
+    def summary(self, start: float, end: float) -> dict:
+        """Over the whole block, and between ``start`` and ``end`` (time.time(): while every child trained past its
+        first epoch)."""
+        samples = [(t, *(float(v) for v in line.split(","))) for t, line in self.lines if line.count(",") == 1]
+        steady = [u for t, u, _ in samples if start <= t <= end]
+        return {"util_mean": statistics.fmean(u for _, u, _ in samples) if samples else None, "util_samples": len(samples),
+                "util_steady": statistics.fmean(steady) if steady else None, "steady_samples": len(steady),
+                "mem_max_mib": max((m for _, _, m in samples), default=None)}  # fmt: skip
+
+
+def child_command(args: argparse.Namespace, precision: str, threads: int, code: str | None) -> list[str]:
+    command = [sys.executable, __file__, "--child", "--root", args.root, "--backbone", args.fit_backbone, "--precision", precision]
+    command += ["--threads", str(threads), "--epochs", str(args.epochs), "--classes", str(args.classes), "--per-class", str(args.per_class)]
+    return command + (["--code", code] if code else [])
+
+
+def fits(args: argparse.Namespace, precision: str, cached: bool, copies: int, code: str | None = None) -> dict:
+    """``copies`` child fits at once, each with the machine's CPUs / copies; their results and the GPU's samples.
+    ``code``: a checkout whose training core the children run instead of this one's."""
+    threads = max(1, (os.cpu_count() or 1) // copies)
+    env = {**os.environ, "DML_CACHE_MAX_GB": os.environ.get("DML_CACHE_MAX_GB", "64") if cached else "0"}
+    command = child_command(args, precision, threads, code)
+    with GpuSampler() as gpu:
+        children = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+        outputs = [child.communicate()[0] for child in children]
+    if any(child.returncode for child in children):
+        raise RuntimeError(f"a child fit failed (exit codes {[c.returncode for c in children]})")
+    results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    steady = (max(r["epochs"][0]["end"] for r in results), min(r["epochs"][-1]["end"] for r in results))
+    return {"precision": precision, "cached": cached, "copies": copies, "threads": threads, "code": code or "this checkout",
+            "children": results, "images_per_s": sum(r["images_per_s"] for r in results), **gpu.summary(*steady)}  # fmt: skip
+
+
+def save(args: argparse.Namespace, report: dict) -> None:
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [f"GPU path on {env['gpu']} ({env['cpus']} CPUs, torch {env['torch']}), {report['data']}.", ""]
+    lines += ["| step alone: backbone | precision | images/s | peak GiB |", "| --- | --- | ---: | ---: |"]
+    lines += [f"| {s['backbone']} | {s['precision']} | {s['images_per_s']:,.0f} | {s['peak_gib']:.1f} |" for s in report["step"]]
+    head = "engine.fit: code | images | precision | processes | CPUs each | workers each | train images/s (sum) | waiting for data"
+    lines += ["", f"| {head} | GPU busy after epoch 1 | eval s | epoch s |", "| --- | --- | --- |" + " ---: |" * 8]
+    lines += [fit_row(f) for f in report["fit"] + report["pack"]]
+    return "\n".join(lines) + "\n"
+
+
+def fit_row(f: dict) -> str:
+    children = f["children"]
+    share = statistics.fmean(c["data_share"] for c in children)
+    util = "-" if f.get("util_steady") is None else f"{f['util_steady']:.0f} %"
+    eval_s = statistics.fmean(c["eval_s"] or 0 for c in children)
+    epoch_s = statistics.fmean(statistics.median(e["time/epoch_s"] for e in c["epochs"][1:] or c["epochs"]) for c in children)
+    return (
+        f"| {f.get('code', 'this checkout')} | {'cache' if f['cached'] else 'PIL'} | {f['precision']} | {f['copies']} | {f['threads']} "
+        f"| {children[0]['workers']} | {f['images_per_s']:,.0f} | {share:.0%} | {util} | {eval_s:.2f} "
+        f"| {epoch_s:.2f} |"
+    )
+
+
+def environment() -> dict:
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return {"gpu": gpu, "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.child:
+        print(json.dumps(child_fit(args)))
+        return
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        raise SystemExit("bench/gpu_path.py: no CUDA device; this bench measures the GPU path")
+    started = time.perf_counter()
+    make_cub(Path(args.root), scale=args.scale, workers=os.cpu_count() or 1)
+    report = {"environment": environment(), "args": vars(args), "step": [], "fit": [], "pack": []}
+    report["data"] = f"CUB-shaped, {args.scale:g} x 11,788 images, batches of {args.classes} x {args.per_class}"
+    report["data_s"] = time.perf_counter() - started
+    for name, stage in stages(args):
+        try:
+            report[name].append(stage())
+        except Exception as error:  # one failed stage must not cost the others' device time
+            report.setdefault("errors", []).append(f"{name}: {type(error).__name__}: {error}")
+            print(f"{name}: FAILED {error}", flush=True)
+            continue
+        report["elapsed_s"] = time.perf_counter() - started
+        save(args, report)
+        print(f"[{report['elapsed_s']:6.0f} s] {name}: {json.dumps(report[name][-1])[:300]}", flush=True)
+    print(markdown(report))
+
+
+def stages(args: argparse.Namespace):
+    """(report key, thunk) in the order they run: the fits with the cache first (they build it); with --baseline,
+    the pack's precision cached, alone and packed, by the baseline's core and this checkout's, alternating."""
+    if args.baseline:
+        for copies in (1, *args.pack):
+            yield from (("fit" if copies == 1 else "pack", lambda k=copies, c=code: fits(args, args.pack_precision, True, k, c))
+                        for code in (args.baseline, None))  # fmt: skip
+        return
+    yield from (("fit", lambda p=p: fits(args, p, True, 1)) for p in args.precisions)
+    yield from (("step", lambda b=b, p=p: step_rate(args, b, p)) for b in args.backbones for p in args.precisions)
+    yield from (("fit", lambda p=p: fits(args, p, False, 1)) for p in args.precisions[:2])
+    yield from (("pack", lambda k=k: fits(args, args.pack_precision, True, k)) for k in args.pack if k > 1)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="where the CUB-shaped set is generated (once) and its cache kept")
+    parser.add_argument("--scale", type=float, default=1.0, help="of CUB's 11,788 images (default: the full count)")
+    parser.add_argument("--backbones", nargs="+", default=["resnet50", "googlenet"], help="for the step alone")
+    parser.add_argument("--fit-backbone", "--backbone", dest="fit_backbone", default="resnet50")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
+    parser.add_argument("--pack", type=int, nargs="+", default=[2, 4, 8], help="processes sharing the GPU")
+    parser.add_argument("--pack-precision", default="bf16")
+    parser.add_argument("--epochs", type=int, default=3, help="of each fit; the first is left out of its rate")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps of the step alone")
+    parser.add_argument("--classes", type=int, default=60, help="C of the batches")
+    parser.add_argument("--per-class", type=int, default=3, help="k of the batches")
+    parser.add_argument("--baseline", help="a checkout whose core to compare with this one's (the fits alone, cached, --pack-precision)")
+    parser.add_argument("--out", help="JSON results")
+    parser.add_argument("--markdown", help="a Markdown table of the results")
+    parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to try the bench's plumbing)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="bf16", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--code", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main()
