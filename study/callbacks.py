@@ -168,8 +168,9 @@ def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, lis
 
 
 def format_duration(seconds: float) -> str:
-    """Seconds as "45 s", "12 min" or "2.5 h"."""
-    if seconds < 90:
+    """Seconds as "45 s", "12 min" or "2.5 h": seconds up to 3 minutes, where whole minutes would round 95 s to
+    "2 min", a quarter more than the estimate itself (bench/eta.py)."""
+    if seconds < 180:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"

@@ -51,3 +51,24 @@ def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoc
     done = [trial("a", "TERMINATED", 8), trial("b", "TERMINATED", 2), trial("c", "TERMINATED", 2), trial("d", "TERMINATED", 2)]
     rerun = trial("r", "RUNNING", 3, confirms_trial=0)
     assert re.match(r"\[\s+30 s, ~6 s left\] 4/4 trials", line(progress, [*done, rerun], capsys))
+
+
+def test_durations_read_in_seconds_up_to_three_minutes_then_minutes_then_hours():
+    from study.callbacks import format_duration
+
+    assert [format_duration(s) for s in (6, 95, 179)] == ["6 s", "95 s", "179 s"]  # not "2 min" for 95 s
+    assert [format_duration(s) for s in (180, 750, 5399)] == ["3 min", "12 min", "90 min"]
+    assert format_duration(9000) == "2.5 h"
+
+
+def test_the_eta_bench_reads_the_progress_lines_back(tmp_path):
+    """bench/eta.py: each line's estimate against the last line's elapsed time, by hand."""
+    from bench.eta import estimates, seconds, table
+
+    assert [seconds(t) for t in ("38 s", "4 min", "2.5 h")] == [38, 240, 9000]
+    lines = ["study x: 4 trials", "[    10 s] 1/4 trials", "[    20 s, ~2 min left] 2/4", "[    60 s, ~95 s left] 3/4", "[   160 s] 4/4"]
+    found = estimates(lines)
+    assert found == [(10, None), (20, 120), (60, 95), (160, None)]
+    rows, summary = table(found)
+    assert rows[2:] == ["| 20 | 120 | 140 | -14% |", "| 60 | 95 | 100 | -5% |"]
+    assert summary.startswith("2 of 2 estimates within 50 % of the truth (worst -14%); the first estimate at 20.0 s of 160 s")
