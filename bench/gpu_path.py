@@ -11,7 +11,9 @@ On a CUB-shaped photo set (bench/photo_data.py, generated under --root; 224 px c
   seconds, and the GPU's utilization as ``nvidia-smi`` samples it: whether the loader feeds the GPU;
 - **pack**: K such fits at once on the one GPU, each with 1/K of the CPUs (Ray's fractional GPUs,
   ``--gpus-per-trial 1/K``, place K trials so: the same device, no isolation): the summed train images/s against
-  K = 1, and each process's GPU memory.
+  K = 1, and each process's GPU memory. The processes wait for each other after their first epoch (a barrier), so
+  the later epochs all overlap: "all at once" is their images over the wall time from the barrier to the last end
+  (evaluations included).
 
 Each fit runs in its own process (``--child``), as a trial does. Results are written after every stage, so a
 run
@@ -30,6 +32,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -113,6 +116,8 @@ def child_fit(args: argparse.Namespace) -> dict:
     def on_epoch(epoch: int, metrics: dict[str, float], run: engine.Run) -> None:
         images = len(run.sampler) * args.classes * args.per_class
         epochs.append({"end": time.time(), "images": images, **{k: metrics[k] for k in metrics if k.startswith("time/")}})
+        if epoch == 1 and args.barrier:
+            wait_at_barrier(Path(args.barrier), args.rank)
 
     splits = load_dataset("cub200", args.root)
     run = engine.fit(config_of(args, args.fit_backbone, args.precision), on_epoch, data_root=args.root, splits=splits)
@@ -128,6 +133,27 @@ def child_fit(args: argparse.Namespace) -> dict:
         "val_recall_at_1": run.metrics.get("val_recall_at_1"),
         "engine": engine.__file__,  # which checkout's core trained
     }
+
+
+def wait_at_barrier(folder: Path, rank: int, timeout_s: float = 900) -> None:
+    """Say this process finished its first epoch (``ready-RANK``), then wait for the parent's ``go``: the epochs
+    after it overlap in every process, so their sum is the GPU's throughput with all of them on it."""
+    (folder / f"ready-{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{folder}: no 'go' within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def release(folder: Path, copies: int, children: list[subprocess.Popen]) -> float | None:
+    """Wait until every child is ready (or one has ended), then write ``go``; the time it was written."""
+    while len(list(folder.glob("ready-*"))) < copies:
+        if any(child.poll() is not None for child in children):
+            return None
+        time.sleep(0.02)
+    (folder / "go").touch()
+    return time.time()
 
 
 class GpuSampler:
@@ -169,16 +195,22 @@ def fits(args: argparse.Namespace, precision: str, cached: bool, copies: int, co
     ``code``: a checkout whose training core the children run instead of this one's."""
     threads = max(1, (os.cpu_count() or 1) // copies)
     env = {**os.environ, "DML_CACHE_MAX_GB": os.environ.get("DML_CACHE_MAX_GB", "64") if cached else "0"}
-    command = child_command(args, precision, threads, code)
-    with GpuSampler() as gpu:
-        children = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
-        outputs = [child.communicate()[0] for child in children]
-    if any(child.returncode for child in children):
+    with tempfile.TemporaryDirectory() as barrier, GpuSampler() as gpu:
+        command = child_command(args, precision, threads, code) + ["--barrier", barrier]
+        children = [subprocess.Popen(command + ["--rank", str(i)], env=env, stdout=subprocess.PIPE, text=True) for i in range(copies)]
+        outputs: list[str] = []
+        reader = threading.Thread(target=lambda: outputs.extend(child.communicate()[0] for child in children))
+        reader.start()
+        go = release(Path(barrier), copies, children)
+        reader.join()
+    if any(child.returncode for child in children) or go is None:
         raise RuntimeError(f"a child fit failed (exit codes {[c.returncode for c in children]})")
     results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
-    steady = (max(r["epochs"][0]["end"] for r in results), min(r["epochs"][-1]["end"] for r in results))
+    last = max(r["epochs"][-1]["end"] for r in results)
+    together = sum(e["images"] for r in results for e in r["epochs"][1:]) / (last - go)  # every epoch after the go
     return {"precision": precision, "cached": cached, "copies": copies, "threads": threads, "code": code or "this checkout",
-            "children": results, "images_per_s": sum(r["images_per_s"] for r in results), **gpu.summary(*steady)}  # fmt: skip
+            "children": results, "images_per_s": sum(r["images_per_s"] for r in results), "together_images_per_s": together,
+            **gpu.summary(go, min(r["epochs"][-1]["end"] for r in results))}  # fmt: skip
 
 
 def save(args: argparse.Namespace, report: dict) -> None:
@@ -195,7 +227,8 @@ def markdown(report: dict) -> str:
     lines += ["| step alone: backbone | precision | images/s | peak GiB |", "| --- | --- | ---: | ---: |"]
     lines += [f"| {s['backbone']} | {s['precision']} | {s['images_per_s']:,.0f} | {s['peak_gib']:.1f} |" for s in report["step"]]
     head = "engine.fit: code | images | precision | processes | CPUs each | workers each | train images/s (sum) | waiting for data"
-    lines += ["", f"| {head} | GPU busy after epoch 1 | eval s | epoch s |", "| --- | --- | --- |" + " ---: |" * 8]
+    tail = "GPU busy after epoch 1 | eval s | epoch s | images/s, all at once (wall)"
+    lines += ["", f"| {head} | {tail} |", "| --- | --- | --- |" + " ---: |" * 9]
     lines += [fit_row(f) for f in report["fit"] + report["pack"]]
     return "\n".join(lines) + "\n"
 
@@ -209,7 +242,7 @@ def fit_row(f: dict) -> str:
     return (
         f"| {f.get('code', 'this checkout')} | {'cache' if f['cached'] else 'PIL'} | {f['precision']} | {f['copies']} | {f['threads']} "
         f"| {children[0]['workers']} | {f['images_per_s']:,.0f} | {share:.0%} | {util} | {eval_s:.2f} "
-        f"| {epoch_s:.2f} |"
+        f"| {epoch_s:.2f} | {f.get('together_images_per_s', 0):,.0f} |"
     )
 
 
@@ -246,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
 def stages(args: argparse.Namespace):
     """(report key, thunk) in the order they run: the fits with the cache first (they build it); with --baseline,
     the pack's precision cached, alone and packed, by the baseline's core and this checkout's, alternating."""
+    if args.pack_only:
+        yield from (("pack", lambda k=k: fits(args, args.pack_precision, True, k)) for k in args.pack)
+        return
     if args.baseline:
         for copies in (1, *args.pack):
             yield from (("fit" if copies == 1 else "pack", lambda k=copies, c=code: fits(args, args.pack_precision, True, k, c))
@@ -266,6 +302,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
     parser.add_argument("--pack", type=int, nargs="+", default=[2, 4, 8], help="processes sharing the GPU")
     parser.add_argument("--pack-precision", default="bf16")
+    parser.add_argument("--pack-only", action="store_true", help="only the packing, at each --pack count (1 included if given)")
     parser.add_argument("--epochs", type=int, default=3, help="of each fit; the first is left out of its rate")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of the step alone")
     parser.add_argument("--classes", type=int, default=60, help="C of the batches")
@@ -278,6 +315,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", default="bf16", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--code", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
