@@ -25,7 +25,7 @@ from mlflow.entities import RunTag
 from optuna.trial import FrozenTrial, TrialState
 
 from study import tracking
-from study.recorder import TrialRecorder, run_name, training_runs
+from study.recorder import TrialRecorder, run_name
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
 from study.trial import epochs_spent
@@ -163,12 +163,13 @@ def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
     return {} if active is None else {ACTIVE_PARAMS_TAG: ",".join(active)}
 
 
-def write_tags(client, run, tags: dict[str, str]) -> None:
+def write_tags(client, run, tags: dict[str, str]) -> bool:
     """The ``tags`` that ``run`` does not hold yet, in one call (none when it holds them all: a trial the driver tagged as
-    it ended costs no call at the end of a large study)."""
+    it ended costs no call at the end of a large study); whether it wrote any."""
     changed = [RunTag(key, value) for key, value in tags.items() if run.data.tags.get(key) != value]
     if changed:
         client.log_batch(run.info.run_id, tags=changed)
+    return bool(changed)
 
 
 def mark_pick(study: optuna.Study, summary: StudySummary) -> None:
@@ -256,16 +257,17 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     client, parent_id = recorder.client, recorder.parent_run_id
     parent = client.get_run(parent_id)
     describe_optuna_study(study, parent_id, parent.data.tags.get("space", ""), metric)
-    children = {r.data.tags.get("trial_id"): r for r in child_runs(client, recorder.experiment_id, parent_id)}
+    trial_runs = child_runs(client, recorder.experiment_id, parent_id)  # the one search of the trials' runs
+    reruns = child_runs(client, recorder.experiment_id, parent_id, kind="confirmation")
+    children = {r.data.tags.get("trial_id"): r for r in trial_runs}
     best, selection = summary.best, summary.selection
     picked = children.get(best.user_attrs.get("tune_trial_id")) if best is not None else None
-    training = training_runs(client, recorder.experiment_id, parent_id)
-    tag_training_runs(client, study, children, training, picked)
+    changed = tag_training_runs(client, study, children, reruns, picked)
     # a trial or re-run still RUNNING was orphaned by a killed driver (it started after Tune's last snapshot)
-    orphans = [run.info.run_id for run in training if run.info.status == "RUNNING"]
+    orphans = [run.info.run_id for run in (*trial_runs, *reruns) if run.info.status == "RUNNING"]
     tracking.fail_orphans(client, orphans, "orphaned: its trial was interrupted with the driver and not continued")
     mark_pick(study, summary)
-    trials = child_runs(client, recorder.experiment_id, parent_id)  # read again: with the states written above
+    trials = read_again(client, trial_runs, changed | set(orphans), recorder.experiment_id, parent_id)
 
     def curves(path: Path) -> Path:
         from study.artifacts import learning_curves
@@ -287,9 +289,11 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     client.set_terminated(parent_id, status="FINISHED")
 
 
-def tag_training_runs(client, study: optuna.Study, children: dict, training: list, picked) -> None:
+def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list, picked) -> set[str]:
     """Optuna's number and state, the run name and the active params on every trial run (``picked=true`` on the
-    pick's), the active params on every re-run; tags that already hold these values are not written again."""
+    pick's), the active params on every re-run; tags that already hold these values are not written again. Returns
+    the ids of the runs it wrote to."""
+    changed: set[str] = set()
     for t in study.get_trials(deepcopy=False):
         run = children.get(t.user_attrs.get("tune_trial_id"))
         if run is not None:
@@ -301,10 +305,19 @@ def tag_training_runs(client, study: optuna.Study, children: dict, training: lis
             }
             if run is picked:
                 tags["picked"] = "true"
-            write_tags(client, run, tags)
-    for run in training:
-        if run.data.tags.get("kind") == "confirmation":
-            write_tags(client, run, active_tag(run.data.params))
+            if write_tags(client, run, tags):
+                changed.add(run.info.run_id)
+    changed.update(run.info.run_id for run in reruns if write_tags(client, run, active_tag(run.data.params)))
+    return changed
+
+
+def read_again(client, runs: list, changed: set[str], experiment_id: str, parent_id: str) -> list:
+    """The trial ``runs`` with those in ``changed`` read again: run by run, or in one search of every trial's run when
+    more than a search page's worth (1,000) changed. At the end of a large study few change (the driver tags each
+    trial as it ends), and searching 5,000 runs again cost 12 s and 70 MB (docs/scale.md)."""
+    if len(changed) > 1000:
+        return child_runs(client, experiment_id, parent_id)
+    return [client.get_run(run.info.run_id) if run.info.run_id in changed else run for run in runs]
 
 
 def write_parent_summary(client, parent, summary: StudySummary, metric: str, picked) -> None:
