@@ -51,7 +51,7 @@ PERSIST_EVERY = 1024  # a long drain drops what it applied from the spool after 
 CHUNK_OPS = 256  # ops applied together: each run's results in a chunk are one MLflow log_batch
 MAX_METRICS, MAX_TAGS = 1000, 100  # what one MLflow log_batch takes
 UNPICKLED = (
-    "_client", "_study", "_storage", "run_ids", "logged_step", "_numbers", "_indexed", "applied_epochs",
+    "_client", "_study", "_storage", "run_ids", "_runs_found", "logged_step", "_numbers", "_indexed", "applied_epochs",
     "_wake", "_closing", "_writer", "_flushing",
 )  # fmt: skip
 
@@ -131,6 +131,7 @@ class TrialRecorder:
         self._study: optuna.Study | None = None
         self._storage: optuna.storages.BaseStorage | None = None  # the study's, opened once with it
         self.run_ids: dict[str, str] = {}
+        self._runs_found = False  # run_ids holds the runs MLflow had when this connection was made (_find_runs)
         self.logged_step: dict[str, int] = {}
         self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
         self.applied_epochs: dict[str, list[tuple[int, dict[str, float]]]] = {}  # trial id -> (time_ms, timings) it wrote
@@ -266,16 +267,25 @@ class TrialRecorder:
     # -- applying one operation ---------------------------------------------------
     @property
     def client(self):
-        """The MLflow client; on (re)connecting, the child runs already written are found again (their trial ids)."""
+        """The MLflow client; after (re)connecting, the child runs already written are found again (their trial ids)
+        when the first record needs a run (:meth:`_find_runs`)."""
         if self._client is None:
-            client = self.connect(self.tracking_uri)
+            self._client = self.connect(self.tracking_uri)
+            self._runs_found = False
+            self.logged_step.clear()  # read again, run by run, as their ops come (last_step)
+        return self._client
+
+    def _find_runs(self) -> None:
+        """The trial ids of the child runs MLflow holds, once per connection, before a record picks or creates its run.
+        Not at the connection itself: an end of the study with no record to write (``study.sync`` of a study whose
+        spool is empty) then searches its thousands of runs once, not twice (docs/scale.md)."""
+        client = self.client
+        if not self._runs_found:
             for run in training_runs(client, self.experiment_id, self.parent_run_id):
                 trial_id = run.data.tags.get("trial_id")
                 if trial_id:
                     self.run_ids[trial_id] = run.info.run_id
-            self.logged_step.clear()  # read again, run by run, as their ops come (last_step)
-            self._client = client
-        return self._client
+            self._runs_found = True
 
     def last_step(self, trial_id: str) -> int:
         """The last epoch the run of ``trial_id`` has logged (0: none), read from MLflow once per connection."""
@@ -323,6 +333,7 @@ class TrialRecorder:
 
     def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial", confirms: int | None = None) -> str:
         """The run of ``trial_id``, created at its first event; ``confirms``: the Optuna trial a confirmation run re-runs."""
+        self._find_runs()
         client = self.client
         if trial_id not in self.run_ids:
             number = self.optuna_number(trial_id) if kind == "trial" else confirms

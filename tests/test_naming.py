@@ -186,7 +186,8 @@ def spy_on_mlflow(monkeypatch) -> dict[str, list[str]]:
 def test_the_end_of_a_study_searches_its_trial_runs_once_and_reads_again_only_the_runs_it_changed(study_store, runs, monkeypatch):
     """Three trials' runs, then study.sync's end of the study twice: the first tags every trial run (its Optuna number
     and state), the second finds them tagged. The end searched the trial runs three times before (12 s each at 5,000
-    trials, docs/scale.md); now once, and it reads again, run by run, only the runs whose tags it wrote."""
+    trials, docs/scale.md), and study.sync's recorder once more as it connected, with no record to write; now once in
+    all, and the end reads again, run by run, only the runs whose tags it wrote."""
     uri, experiment_id, parent_id, study, client = study_store
     trial_runs = {}
     for i, value in enumerate((0.5, 0.7, 0.6)):
@@ -203,7 +204,7 @@ def test_the_end_of_a_study_searches_its_trial_runs_once_and_reads_again_only_th
     calls = spy_on_mlflow(monkeypatch)
     assert sync.main(["--study", "s", "--experiment", "naming"]) == 0
     searches = [f for f in calls["search_runs"] if "tags.kind = 'trial'" in f]
-    assert len(searches) == 2, calls["search_runs"]  # the recorder's, as it connects (it learns the run ids), and the end's
+    assert len(searches) == 1, calls["search_runs"]
     assert sorted(r for r in calls["get_run"] if r in trial_runs) == sorted(trial_runs)  # all three were tagged: read again
     for run_id, number in trial_runs.items():
         tags = client.get_run(run_id).data.tags
@@ -212,7 +213,7 @@ def test_the_end_of_a_study_searches_its_trial_runs_once_and_reads_again_only_th
     client.update_run(parent_id, status="RUNNING")  # as a study stopped at its end leaves it, for sync to end again
     calls["search_runs"].clear(), calls["get_run"].clear()
     assert sync.main(["--study", "s", "--experiment", "naming"]) == 0
-    assert len([f for f in calls["search_runs"] if "tags.kind = 'trial'" in f]) == 2
+    assert len([f for f in calls["search_runs"] if "tags.kind = 'trial'" in f]) == 1
     assert not [r for r in calls["get_run"] if r in trial_runs]  # nothing changed: nothing read again
 
 
