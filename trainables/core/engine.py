@@ -187,7 +187,7 @@ class EvalLoaders:
 
     With workers, a kept loader's processes stay alive between evaluations (``persistent_workers``): a trial
     evaluates after every epoch, and starting ``num_workers`` processes each time cost a GPU trial 40 % of its
-    epoch (docs/benchmarks.md, "The GPU path"). A set gets at most one worker per batch.
+    epoch on an H200 (docs/benchmarks.md section 4). A set gets at most one worker per batch.
     """
 
     def __init__(self, image_size: int, device: torch.device, num_workers: int = 0, batch_size: int = 256):
