@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -680,8 +681,6 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
 
 def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRecorder):
     """The interrupted study's Tuner, after the records it kept are written and its orphaned Optuna trials are FAIL."""
-    from ray import tune
-
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
     local = "://" not in settings.experiment_dir
     if local and (torn := tunestate.recover(settings.experiment_dir)):
@@ -689,7 +688,30 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
     if local and not tunestate.whole(settings.experiment_dir):
         return fresh_tuner(settings, study, recorder)
     parent.reconcile_before_resume(study, settings.experiment_dir)
-    return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
+    return restore_tuner(settings)
+
+
+def restore_tuner(settings: StudySettings):
+    """Tune's restore of the study's experiment; a state that pickled what this version lacks is a one-line UsageError."""
+    from ray import tune
+
+    try:
+        return tune.Tuner.restore(settings.experiment_dir, trainable(settings), resume_unfinished=True, resume_errored=False)
+    except (AttributeError, ImportError, pickle.UnpicklingError) as error:
+        if isinstance(error, AttributeError) and "Can't get attribute" not in str(error):
+            raise
+        raise UsageError(saved_by_another_version(settings, error)) from error
+
+
+def saved_by_another_version(settings: StudySettings, error: Exception) -> str:
+    """The one line for a Tune state that pickled a class this version no longer has (a study started before an
+    upgrade that renamed its searcher, say): nothing of it can be continued as it was."""
+    why = tracking.first_error_line(str(error)) or type(error).__name__
+    return (
+        f"--resume: Tune's state of study {settings.name} under {settings.experiment_dir} was saved by another version of "
+        f"this project ({why}); expected the version that started it: resume it with that version, or start the study "
+        "again under a new --study-name (its records so far stay in MLflow and Optuna)"
+    )
 
 
 def fresh_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRecorder):

@@ -333,3 +333,27 @@ def test_a_cluster_study_with_checkpoints_in_a_folder_of_this_host_is_told_every
     assert launch.shared_storage_note("auto", "s3://bucket/ray") is None  # every node reaches a bucket
     note = launch.shared_storage_note("10.0.0.1:6379", "/data/runs/ray")
     assert note.startswith("note: --storage-path /data/runs/ray is a folder of this host") and "s3://" in note
+
+
+def test_a_tune_state_saved_by_another_version_is_a_one_line_error_on_resume(monkeypatch):
+    """Seen on a 5,000-trial study started before the searcher was renamed: Tune's restore unpickled a class this
+    version lacks and --resume ended in a traceback. Now one line names the study, its folder and what is missing; an
+    unrelated AttributeError still rises as it is."""
+    from types import SimpleNamespace
+
+    from ray import tune
+
+    settings = SimpleNamespace(name="old", experiment_dir="/runs/ray/old")
+    monkeypatch.setattr(launch, "trainable", lambda s: None)
+    missing = AttributeError("Can't get attribute 'ConfirmingSearcher' on <module 'study.search' from '/x/study/search.py'>")
+    for error in (missing, ModuleNotFoundError("No module named 'study.old'")):
+        monkeypatch.setattr(tune.Tuner, "restore", staticmethod(lambda *a, error=error, **k: (_ for _ in ()).throw(error)))
+        with pytest.raises(launch.UsageError) as raised:
+            launch.restore_tuner(settings)
+        line = str(raised.value)
+        assert "\n" not in line and "study old under /runs/ray/old was saved by another version" in line
+        assert str(error).split(" on ")[0] in line and "--study-name" in line
+    other = AttributeError("'NoneType' object has no attribute 'x'")
+    monkeypatch.setattr(tune.Tuner, "restore", staticmethod(lambda *a, **k: (_ for _ in ()).throw(other)))
+    with pytest.raises(AttributeError, match="NoneType"):
+        launch.restore_tuner(settings)
