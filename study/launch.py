@@ -44,10 +44,10 @@ from study.record import METRICS, SAMPLERS, StudyRecord
 from study.record import flag_names as record_flag_names
 from study.recorder import TrialRecorder, spool_path
 from study.schedulers import SCHEDULERS, describe, ladder
-from study.selection import RaceRules, Selection, race_selection, races, rerun_candidates, selection_record
+from study.selection import Selection, race_rules, race_selection, races, rerun_candidates, selection_record
 from study.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
 from study.tracking import DEFAULT_EXPERIMENT
-from study.trial import FOLD_KEY, confirmed_trial, epochs_spent, is_finite_number, race_table
+from study.trial import FOLD_KEY, confirmed_trial, is_finite_number, race_table
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
     DATA_ROOT_ENV,
@@ -744,7 +744,7 @@ def selection_of(settings: StudySettings, study: optuna.Study, results) -> Selec
         n, value = confirmed_trial(result.config), (result.metrics or {}).get(s.record.metric)
         if n is not None and FOLD_KEY in result.config:
             scores[n, int(result.config[FOLD_KEY])] = float(value) if result.error is None and is_finite_number(value) else math.nan
-    rules = RaceRules(s.record.mode, s.record.val_folds, s.confirm_budget * epochs_spent(trials), s.max_epochs)
+    rules = race_rules(s.record.mode, s.record.val_folds, s.confirm_budget, trials, s.max_epochs)
     selection = race_selection(race_table(complete, numbers, scores), rules)
     study.set_user_attr("selection", selection_record(selection))  # the Optuna storage keeps it for study.sync
     return selection

@@ -33,9 +33,9 @@ from ray.tune.search import Searcher
 
 from study.journal import open_storage
 from study.record import SAMPLERS
-from study.selection import RaceRules, ahead, race, races, rerun_candidates
+from study.selection import ahead, race, race_rules, races, rerun_candidates
 from study.spaces import Space
-from study.trial import COMPLETE, FAIL, PRUNED, epochs_spent, is_finite_number, race_config, race_table, trial_outcome
+from study.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
 
 log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
@@ -197,7 +197,7 @@ class RacingSearcher(OptunaSearcher):
         if unfinished:
             return [(n, 1) for n in rerun_candidates(values, self.top, self.mode, unfinished)]
         candidates = rerun_candidates(values, self.top, self.mode)
-        rules = RaceRules(self.mode, self.folds, self.budget * epochs_spent(self.study.get_trials(deepcopy=False)), self.max_epochs)
+        rules = race_rules(self.mode, self.folds, self.budget, self.study.get_trials(deepcopy=False), self.max_epochs)
         state = race(race_table(values, candidates, self.scores), rules)
         if state.next_fold is None:
             return []

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from study.trial import epochs_spent
+
 ALPHA = 0.05  # the race's family-wise error rate per round
 FIRST_TEST = 3  # folds every survivor has before the race's first test (fold 0 and two re-runs)
 CLEAR, FOLDS, BUDGET = "clear", "folds", "budget"  # why a race stopped
@@ -111,6 +113,12 @@ class RaceRules:
     def affords(self, runs: int) -> bool:
         """Whether ``runs`` re-runs in all stay within the budget: the rule that lets a round after the first start."""
         return runs * self.epochs_per_run <= self.budget_epochs
+
+
+def race_rules(mode: str, folds: int, budget: float, search_trials: Sequence[Any], epochs_per_run: int) -> RaceRules:
+    """The race's rules once the search is over: its budget is ``budget`` (``--confirm-budget``) x the epochs every
+    search trial trained (``trial.epochs_spent``)."""
+    return RaceRules(mode, folds, budget * epochs_spent(search_trials), epochs_per_run)
 
 
 def races(budget: float, folds: int) -> bool:
