@@ -61,9 +61,11 @@ def run_and_kill(argv: list[str], env: dict, until) -> None:
         driver.wait()
 
 
-def snapshot_has_a_running_re_run(experiment_dir: Path, epochs: int, fold: int = 1) -> bool:
-    """The Tune experiment's last snapshot holds an unfinished re-run on validation fold ``fold`` or later (Tune
-    snapshots a running trial as PENDING) with a checkpoint and at least half its epochs to go."""
+def snapshot_has_a_running_trial(experiment_dir: Path, epochs: int, re_run: bool = False, fold: int = 1) -> bool:
+    """The Tune experiment's last snapshot holds an unfinished search trial (``re_run``: a re-run on validation fold
+    ``fold`` or later; Tune snapshots a running trial as PENDING) with a checkpoint and at least half its epochs to
+    go. A kill then is sure to leave a checkpoint to continue from: the MLflow records run ahead of the snapshot,
+    which Tune writes only every so often."""
     from ray.tune import ExperimentAnalysis
 
     if not list(experiment_dir.glob("experiment_state-*.json")):
@@ -73,8 +75,8 @@ def snapshot_has_a_running_re_run(experiment_dir: Path, epochs: int, fold: int =
     except Exception:  # the snapshot is being replaced by Tune
         return False
     return any(
-        CONFIRMS_KEY in t.config and t.config.get(FOLD_KEY, 0) >= fold and t.status not in ("TERMINATED", "ERROR")
-        and t.checkpoint is not None
+        (CONFIRMS_KEY in t.config) == re_run and (not re_run or t.config.get(FOLD_KEY, 0) >= fold)
+        and t.status not in ("TERMINATED", "ERROR") and t.checkpoint is not None
         and 1 <= (t.last_result or {}).get("training_iteration", 0) <= epochs // 2
         for t in trials
     )  # fmt: skip
@@ -91,9 +93,8 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     start += ["--study-name", "killed", "--confirm-top", "2", "--confirm-budget", "0.25"]  # the resumes take these from the study
     start += ["--checkpoint-every", "0"]  # every epoch: a killed trial continues from the epoch it reached
     resume = ["--study-name", "killed", "--resume", "--checkpoint-every", "0"]
-    run_and_kill(start, env, lambda: any(e >= 2 for e in epochs_logged(runs, "killed")))
-    first = epochs_logged(runs, "killed")
-    run_and_kill(resume, env, lambda: snapshot_has_a_running_re_run(runs / "ray" / "killed", epochs))
+    run_and_kill(start, env, lambda: snapshot_has_a_running_trial(runs / "ray" / "killed", epochs))
+    run_and_kill(resume, env, lambda: snapshot_has_a_running_trial(runs / "ray" / "killed", epochs, re_run=True))
     out = run_driver(resume, env)
     assert out.returncode == 0, out.stderr[-3000:]
     client, parent, children, study = study_records(runs, "killed")
@@ -113,9 +114,8 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     for run in [*children, *reruns]:  # each epoch once: a killed trial or re-run continued in its own run
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
         assert steps == list(range(1, epochs + 1)), (run.info.run_name, steps)
-    # the trial that had 2 epochs at the first kill continued from its checkpoint instead of starting over (the other
-    # slot's trial may not have reported yet: under load the first kill can come before its first epoch)
-    assert max(first) >= 2 and sum(1 for r in children if int(r.data.tags.get("resumed_from_epoch", 0)) >= 1) >= 1
+    # the trial the snapshot held with a checkpoint at the first kill continued from it instead of starting over
+    assert any(int(r.data.tags.get("resumed_from_epoch", 0)) >= 1 for r in children)
     # the re-runs: one per top trial, the killed one continued from its checkpoint
     top = sorted(study.trials, key=lambda t: -t.value)[:2]
     assert sorted(int(r.data.tags["confirms_optuna_trial"]) for r in reruns) == sorted(t.number for t in top)
@@ -144,7 +144,7 @@ def test_sigkill_mid_race_then_resume_continues_the_race_without_retraining_a_fi
     env.pop("MLFLOW_TRACKING_URI", None)
     start = ["--rehearse", "1", "--ray-cpus", "2", "--space", str(tmp_path / "tie.yaml"), "--num-samples", "3", "--grace-period", "8"]
     start += ["--study-name", "race", "--confirm-top", "3", "--confirm-budget", "10", "--checkpoint-every", "0"]
-    run_and_kill(start, env, lambda: snapshot_has_a_running_re_run(runs / "ray" / "race", 8, fold=2))
+    run_and_kill(start, env, lambda: snapshot_has_a_running_trial(runs / "ray" / "race", 8, re_run=True, fold=2))
     out = run_driver(["--study-name", "race", "--resume", "--checkpoint-every", "0"], env)
     assert out.returncode == 0, out.stderr[-3000:]
     client, parent, _, study = study_records(runs, "race")
