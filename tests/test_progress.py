@@ -72,3 +72,26 @@ def test_the_eta_bench_reads_the_progress_lines_back(tmp_path):
     rows, summary = table(found)
     assert rows[2:] == ["| 20 | 120 | 140 | -14% |", "| 60 | 95 | 100 | -5% |"]
     assert summary.startswith("2 of 2 estimates within 50 % of the truth (worst -14%); the first estimate at 20.0 s of 160 s")
+
+
+def test_the_eta_bench_puts_each_miss_down_to_the_epochs_or_the_pace_and_replays_a_recent_pace():
+    """bench/eta.py --runs: 10 epochs of one trial, 10 s each for 5 epochs then 30 s each (the machine got busier);
+    the log's clock is MLflow's less 950 s. Every number below by hand."""
+    from bench.eta import split_errors
+
+    times = [1000, 1010, 1020, 1030, 1040, 1070, 1100, 1130, 1160, 1190]
+    by_epoch = {("aaaaaaaa", k + 1): t for k, t in enumerate(times)}
+    lines = [
+        "[    50 s] 1/1 trials | aaaaaaaa epoch 1/10: val 0.5",
+        # 5 epochs done, 10 s/epoch so far: 50 s for 5 epochs (the right count); 150 s came (30 s/epoch): a pace miss
+        "[    90 s, ~50 s left] 1/1 trials | aaaaaaaa epoch 5/10: val 0.6",
+        # 8 done, 130 s / 7 epochs so far; 20 s (1.08 epochs at that pace) against 60 s (2 at 30 s): neither alone
+        # misses by more than 50 %; the last 60 s (epochs 7-8, 30 s each) give 32 s (-46 %), the last 120 s 22 s
+        "[   180 s, ~20 s left] 1/1 trials | aaaaaaaa epoch 8/10: val 0.7",
+        "[   240 s] 1/1 trials | aaaaaaaa epoch 10/10: val 0.8",
+    ]
+    assert split_errors(lines, times, by_epoch) == (
+        "0 of 2 estimates within 50 % (lines with epochs still to train); off by more than 50 % on their own: the epochs "
+        "expected 0 times, the pace so far 1 times. Replayed: 1 of 2 with the pace of the last 60 s, 0 of 2 with the pace "
+        "of the last 120 s, 0 of 2 with the pace of the last 300 s"
+    )
