@@ -42,7 +42,7 @@ import mlflow
 import numpy as np
 import torch
 
-from study import checks, console, inputs, names, records, seeds, tracking
+from study import checks, console, inputs, locks, names, records, seeds, tracking
 from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
 from study.parent import mark_stopped, study_parent
@@ -473,11 +473,12 @@ def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tu
     return splits
 
 
-def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan) -> str:
-    """The parent run's id: the study's (--study), or a new run with the seeds and, for one configuration, its params."""
+def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan, owner: dict[str, str]) -> str:
+    """The parent run's id: the study's (--study), or a new run with the seeds and, for one configuration, its params;
+    ``owner``: the tags naming this process (``locks.owner_tags``)."""
     if plan.parent_run_id is not None:
         return plan.parent_run_id
-    tags = {**tracking.reproducibility_tags(), "kind": "final_grid" if plan.grid else "final"}
+    tags = {**tracking.reproducibility_tags(), **owner, "kind": "final_grid" if plan.grid else "final"}
     if plan.grid:
         tags.update({"study_name": plan.run_name, "space": str(plan.space), "configurations": str(len(plan.configurations))})
     parent_id = client.create_run(experiment_id, run_name=plan.run_name, tags=tags).info.run_id
@@ -500,6 +501,7 @@ class Target:
     num_workers: int | None  # None: engine.loader_workers' rule
     workdir: Path
     data_root: str | None  # where a task on a cluster's node loads the dataset
+    owner: dict[str, str]  # the tags naming this process on each run (locks.owner_tags)
 
 
 class SeedRuns:
@@ -515,7 +517,8 @@ class SeedRuns:
 
     def start(self, job: SeedJob) -> None:
         config, target = job.config, self.target
-        tags = {**tracking.reproducibility_tags(), "kind": "final_seed", "seed": str(config.seed), "mlflow.parentRunId": target.parent_id}
+        tags = {**tracking.reproducibility_tags(), **target.owner, "kind": "final_seed", "seed": str(config.seed)}
+        tags["mlflow.parentRunId"] = target.parent_id
         if self.plan.study:
             tags["study_name"] = self.plan.study
         if self.plan.grid:
@@ -631,12 +634,15 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     shown = "" if placement.address else f", device {device}"
     print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}{shown}")
     print(f"the seeds train {placement.describe()}", flush=True)
-    with seeds.session(placement):  # on a cluster, checks that a node holds one seed's task before any run exists
-        parent_id = open_parent(client, experiment_id, plan)
+    close_abandoned(client, experiment_id)
+    # on a cluster, checks that a node holds one seed's task before any run exists
+    with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
+        owner = locks.owner_tags(lock)
+        parent_id = open_parent(client, experiment_id, plan, owner)
         started: list[str] = []
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root)
+                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner)
                 outcomes = train_plan(client, plan, splits, target, started)
         except BaseException as error:
             mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
@@ -647,6 +653,30 @@ def run_final(args: argparse.Namespace) -> FinalResult:
         note_study_retrained(client, parent_id, outcomes[0])
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
+
+
+def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
+    """Runs an earlier ``study.final`` on this host left RUNNING when it was killed (SIGKILL, the machine stopped: no
+    handler ran) end KILLED, with its holder line as the reason: their owner lock (``locks.abandoned``) is no longer
+    held. Runs of a live ``study.final``, or of another host, are left alone. Says how many it closed."""
+    running = tracking.all_pages(
+        client.search_runs,
+        experiment_ids=[experiment_id],
+        filter_string=tracking.run_filter({"attributes.status": "RUNNING", "tags.owner_host": socket.gethostname()}),
+    )
+    closed, lock_files = [], set()
+    for run in running:
+        lock = run.data.tags.get("owner_lock", "")
+        holder = locks.abandoned(lock)
+        if holder is not None:
+            reason = f"orphaned: the study.final that trained it ({holder}) ended without closing it (killed, or its machine stopped)"
+            tracking.fail_orphans(client, [run.info.run_id], reason, status="KILLED")
+            closed.append(run.info.run_name)
+            lock_files.add(Path(lock))
+    for lock in lock_files:  # its runs (one experiment: the parent and its seeds) are closed
+        lock.unlink(missing_ok=True)
+    if closed:
+        print(f"marked KILLED {len(closed)} run(s) an earlier study.final left RUNNING when it was killed: {', '.join(sorted(closed))}")
 
 
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:

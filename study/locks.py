@@ -1,6 +1,7 @@
-"""Locks that keep two drivers apart: one per study, and one around the first use of a local MLflow store.
+"""Locks that keep two drivers apart: one per study, and one around the first use of a local MLflow store; and a
+process's own lock, which tells a later process whether the one that wrote a record is still alive.
 
-Both are ``flock`` locks on a small file. The kernel drops a lock when its
+All are ``flock`` locks on a small file. The kernel drops a lock when its
 process dies, however it dies (SIGKILL included), so a crashed driver never
 leaves a stale lock behind. The study lock's file names its holder (pid, host,
 start time, command), so a second driver can say who runs the study.
@@ -15,6 +16,7 @@ import fcntl
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +88,42 @@ def store_setup_lock(tracking_uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def process_lock(folder: Path, prefix: str) -> Iterator[Path]:
+    """A lock of this process's own, held for the body: ``folder/PREFIX-<pid>-<random>.lock``, naming its holder. The
+    records the process writes name it (``owner_tags``), so that a later process tells from ``abandoned`` whether
+    their writer is gone. Removed at the end of the body; left behind, unheld, when the process is killed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
+    with open(path, "w", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else holds it
+        fh.write(holder_line() + "\n")
+        fh.flush()
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def owner_tags(lock: Path) -> dict[str, str]:
+    """The tags that name a record's writer: this host and its ``process_lock``."""
+    return {"owner_host": socket.gethostname(), "owner_lock": str(lock)}
+
+
+def abandoned(lock: str | os.PathLike) -> str | None:
+    """The holder line of ``lock`` when no process holds it any more (its process ended without removing it: SIGKILL,
+    the machine stopped); None while it is held, or when there is no such file here (nothing to tell)."""
+    try:
+        fh = open(lock, encoding="utf-8")
+    except OSError:
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        return fh.read().strip() or "a process"

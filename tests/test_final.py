@@ -616,3 +616,32 @@ def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(ca
     assert " -m study.report --study s1 --tracking-uri http://10.0.0.1:5000" in out
     final.print_summary(final.FinalResult("tiny", "sqlite:///x.db", "p", (only,), experiment_id="7"))
     assert "study.report" not in capsys.readouterr().out
+
+
+def test_runs_a_killed_final_left_running_end_killed_at_the_next_final(tmp_path):
+    """A study.final SIGKILLed mid-seed runs no handler: its parent and seed runs stay RUNNING. The next study.final on
+    this host (with the same runs folder) finds their owner lock unheld, marks them KILLED with the killed one's holder
+    line as the reason, says so, and trains its own runs to FINISHED."""
+    uri, env = f"sqlite:///{tmp_path / 'mlflow.db'}", {**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}
+    long = write_config(tmp_path / "long.yaml", epochs=500)
+    argv = [sys.executable, "-m", "study.final", "--tracking-uri", uri, "--seeds", "1", "--config"]
+    killed = subprocess.Popen([*argv, str(long)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: logged_epochs(tmp_path / "mlflow.db") > 0, 600, "study.final's first epoch", process=killed)
+    finally:
+        killed.kill()
+        killed.wait()
+    before = all_runs(uri)[1]
+    assert sorted(r.info.status for r in before) == ["RUNNING", "RUNNING"]  # the parent and its seed
+    short = write_config(tmp_path / "short.yaml", epochs=1)
+    out = subprocess.run([*argv, str(short)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = ", ".join(sorted(r.info.run_name for r in before))
+    assert f"marked KILLED 2 run(s) an earlier study.final left RUNNING when it was killed: {names}" in out.stdout
+    runs = {r.info.run_id: r for r in all_runs(uri)[1]}
+    for old in before:
+        run = runs.pop(old.info.run_id)
+        assert run.info.status == "KILLED"
+        assert run.data.tags["failure_reason"].startswith(f"orphaned: the study.final that trained it (pid {killed.pid} on ")
+    assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "FINISHED"]  # the new parent and seed
+    assert not list((tmp_path / "runs" / "locks").glob("final-*.lock"))  # the killed one's lock is gone with its runs

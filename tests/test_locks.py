@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import mlflow
 import optuna
@@ -82,3 +83,26 @@ def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
     outcomes = [d.communicate(timeout=600) for d in drivers]
     assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for _, err in outcomes]
     assert len({out.strip() for out, _ in outcomes}) == 1  # one experiment, the same for all
+
+
+def test_a_process_lock_is_abandoned_only_once_its_process_is_gone(tmp_path):
+    """locks.process_lock / abandoned: held (here, or by a live process) is not abandoned; the file of a SIGKILLed holder
+    is, and names it; a body that ends removes its file; a path with no file tells nothing."""
+    with locks.process_lock(tmp_path, "final") as mine:
+        assert mine.parent == tmp_path and mine.name.startswith(f"final-{os.getpid()}-")
+        assert locks.abandoned(mine) is None  # held by this process (another open file conflicts with its flock)
+    assert not mine.exists()
+    assert locks.abandoned(tmp_path / "final-1-none.lock") is None
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from pathlib import Path; from study import locks\n"
+         f"with locks.process_lock(Path({str(tmp_path)!r}), 'final') as p:\n    print(p, flush=True); sys.stdin.read()"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        theirs = Path(holder.stdout.readline().strip())
+        assert locks.abandoned(theirs) is None  # its process holds it
+    finally:
+        holder.kill()
+        holder.wait()
+    assert theirs.exists()  # SIGKILL ran nothing: the file stays, unheld
+    assert locks.abandoned(theirs).startswith(f"pid {holder.pid} on ")
