@@ -152,15 +152,24 @@ def print_selection(selection: Selection, metric: str) -> None:
     print(f"pick: Optuna #{selection.winner.key}, {selection.verdict()}")
 
 
+def study_flags(study_name: str, experiment: str, uri: str) -> str:
+    """The flags that name a study to study.final, study.report and study.sync (the tracking URI unless the default's)."""
+    flags = f"--study {study_name} --experiment {experiment}"
+    return flags if tracking.is_local_sqlite(uri) else f"{flags} --tracking-uri {uri}"
+
+
+def sync_command(study_name: str, experiment: str, uri: str) -> str:
+    """The ``study.sync`` command that writes the study's kept records to its MLflow store."""
+    return f"{python_command('study.sync')} {study_flags(study_name, experiment, uri)}"
+
+
 def print_study_summary(outcome: StudySummary, metric: str) -> None:
     """The human summary of a finished (or synced) study: counts, outages, the best trial and what to run next.
 
     The commands it prints name this environment's interpreter and tools (``study.console``), so they run as printed.
     """
     m, study_name = outcome.metrics, outcome.study_name
-    flags = f"--study {study_name} --experiment {outcome.experiment}"
-    if not tracking.is_local_sqlite(outcome.uri):
-        flags += f" --tracking-uri {outcome.uri}"
+    flags = study_flags(study_name, outcome.experiment, outcome.uri)
     if outcome.outages:
         print(
             f"\nMLflow was unreachable {outcome.outages} time(s) during the study; training went on"
@@ -170,7 +179,7 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
         print(
             f"\nwarning: MLflow at {outcome.uri} could not be written at the end ({outcome.mlflow_error}). Nothing is lost: "
             f"trial records are kept in {spool_path(study_name)} and the trials in the Optuna storage.\n"
-            f"write them when MLflow is back:  {python_command('study.sync')} {flags}"
+            f"write them when MLflow is back:  {sync_command(study_name, outcome.experiment, outcome.uri)}"
         )
     print(
         f"\nstudy {study_name} finished in {m['wall_time_s']:.0f} s: {m['n_trials']} trials, "

@@ -48,6 +48,7 @@ from study.interrupts import StopSignals, exit_code, signal_name
 from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.record import StudyRecord
+from study.recorder import spool_path
 from study.seeds import EpochReport, Placement, SeedJob, SeedOutput
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
@@ -319,11 +320,7 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     tracking.setup(uri, experiment)
     parent = study_parent(uri, experiment, study, "--study")
     if parent.info.status == "RUNNING":  # its pick is not made yet: best_config.yaml is written at the study's end
-        raise UsageError(
-            f"--study {study}: study {study} is still running (its MLflow parent run {parent.info.run_id} is RUNNING); "
-            f"retrain its pick once it has finished. Follow it: {console.ui_command(uri)}; if its driver was killed, "
-            f"finish it: {console.python_command('study.launch')} --study-name {study} --resume"
-        )
+        raise UsageError(still_running(study, experiment, uri, parent.info.run_id))
     record = StudyRecord.from_params(parent.data.params, where=f"study {study!r}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -340,6 +337,23 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
         values = {**values, "epochs": epochs if epochs is not None else record.final_epochs}
     config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
     return config, parent.info.run_id, record
+
+
+def still_running(study: str, experiment: str, uri: str, parent_id: str) -> str:
+    """Why ``--study STUDY`` cannot retrain while its parent run is RUNNING, and what to run. A study whose records wait
+    in its spool ended without writing MLflow (it was unreachable, or its disk full, at the end): study.sync writes them."""
+    head = f"--study {study}: study {study} is still running (its MLflow parent run {parent_id} is RUNNING); "
+    spool = Path(spool_path(study))
+    if spool.is_file() and spool.stat().st_size > 0:
+        return (
+            head + f"its records wait in {spool}, not yet written to MLflow. If its driver has ended (MLflow could not be "
+            f"written at its end), write them, then retrain its pick: {console.sync_command(study, experiment, uri)}; "
+            f"if it still runs, follow it: {console.ui_command(uri)}"
+        )
+    return (
+        head + f"retrain its pick once it has finished. Follow it: {console.ui_command(uri)}; if its driver was killed, "
+        f"finish it: {console.python_command('study.launch')} --study-name {study} --resume"
+    )
 
 
 def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainConfig]], str]:

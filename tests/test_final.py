@@ -645,3 +645,27 @@ def test_runs_a_killed_final_left_running_end_killed_at_the_next_final(tmp_path)
         assert run.data.tags["failure_reason"].startswith(f"orphaned: the study.final that trained it (pid {killed.pid} on ")
     assert sorted(r.info.status for r in runs.values()) == ["FINISHED", "FINISHED"]  # the new parent and seed
     assert not list((tmp_path / "runs" / "locks").glob("final-*.lock"))  # the killed one's lock is gone with its runs
+
+
+def test_a_study_whose_end_could_not_write_mlflow_is_refused_naming_study_sync(tmp_path, runs, capsys, monkeypatch):
+    """A study whose end could not write MLflow (unreachable, or its disk full) leaves its parent RUNNING and its records
+    in the spool: study.final --study says so and gives the study.sync command, not a --resume of a driver it calls
+    killed."""
+    from study import parent, tracking
+    from study.recorder import spool_path
+    from tests.conftest import recorded_params
+
+    monkeypatch.setattr(final, "train_seed", lambda *a, **k: pytest.fail("a seed trained from a study still running"))
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    best = write_config(tmp_path / "best_config.yaml")
+    run_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "unsynced", str(best), recorded_params())
+    spool = Path(spool_path("unsynced"))
+    spool.parent.mkdir(parents=True, exist_ok=True)
+    spool.write_text('{"op": "end"}\n')
+    code, err = run_main(["--study", "unsynced", "--seeds", "1"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"study unsynced is still running (its MLflow parent run {run_id} is RUNNING)" in err
+    assert f"its records wait in {spool}, not yet written to MLflow" in err
+    assert err.rstrip().split("retrain its pick: ")[1].split(";")[0].endswith("study.sync --study unsynced --experiment dml-studies")
+    assert "--resume" not in err
