@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+# A run's tag "FIRST-LAST": epochs its MLflow run holds from an attempt that was cut short (a killed driver, a trial
+# restarted without a checkpoint of them) and that the trial's last attempt, ended earlier, did not train again
+LOST_EPOCHS_TAG = "epochs_of_a_lost_attempt"
 PERSIST_EVERY = 1024  # a long drain drops what it applied from the spool after this many ops, so a kill replays at most these
 CHUNK_OPS = 256  # ops applied together: each run's results in a chunk are one MLflow log_batch
 MAX_METRICS, MAX_TAGS = 1000, 100  # what one MLflow log_batch takes
@@ -133,6 +136,7 @@ class TrialRecorder:
         self.run_ids: dict[str, str] = {}
         self._runs_found = False  # run_ids holds the runs MLflow had when this connection was made (_find_runs)
         self.logged_step: dict[str, int] = {}
+        self.reported_step: dict[str, int] = {}  # trial id -> the step of its last result op applied (its attempt's epoch)
         self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
         self.applied_epochs: dict[str, list[tuple[int, dict[str, float]]]] = {}  # trial id -> (time_ms, timings) it wrote
         self._indexed = 0  # the Optuna trials read into _numbers
@@ -359,8 +363,13 @@ class TrialRecorder:
             if op["op"] == "result":
                 batch = batches.setdefault(trial_id, RunBatch(run_id, self.last_step(trial_id)))
                 batch.add(int(op["step"]), op["metrics"], int(op["time_ms"]), op["tags"])
+                self.reported_step[trial_id] = int(op["step"])
             elif op["op"] in ("complete", "error"):
-                self._write(trial_id, batches.pop(trial_id, RunBatch(run_id, self.last_step(trial_id))).with_tags(op["tags"]))
+                batch = batches.pop(trial_id, RunBatch(run_id, self.last_step(trial_id))).with_tags(op["tags"])
+                reported = self.reported_step.get(trial_id)
+                if reported is not None and batch.step > reported:  # the run holds epochs the last attempt did not reach
+                    batch.tags[LOST_EPOCHS_TAG] = f"{reported + 1}-{batch.step}"
+                self._write(trial_id, batch)
                 self.client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
         for trial_id, batch in batches.items():
             self._write(trial_id, batch)

@@ -107,3 +107,15 @@ def wait_for(predicate, timeout: float, what: str, process=None, every_s: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(every_s)
+
+
+def epochs_recorded(epochs_trained: int, tags: dict[str, str]) -> list[int]:
+    """The steps a trial's MLflow run holds, each once: 1 to the epochs its last attempt trained, or on to the last
+    epoch of an attempt cut short (a kill before a checkpoint) when the run's tag says so, right after them."""
+    from study.recorder import LOST_EPOCHS_TAG
+
+    if LOST_EPOCHS_TAG not in tags:
+        return list(range(1, epochs_trained + 1))
+    first, last = (int(x) for x in tags[LOST_EPOCHS_TAG].split("-"))
+    assert first == epochs_trained + 1 <= last, (epochs_trained, tags[LOST_EPOCHS_TAG])
+    return list(range(1, last + 1))

@@ -521,3 +521,21 @@ def test_the_study_description_ends_with_its_retrained_pick_and_a_later_retraini
     )
     again = with_final(once, {"test_recall_at_1_mean": 0.85, "test_recall_at_1_std": 0.0}, 1, 32, "runs:/r/embedding-seed0")
     assert again.startswith(note + "\n\n" + FINAL_MARK) and again.count(FINAL_MARK) == 1 and "0.8500" in again and "0.8471" not in again
+
+
+def test_epochs_of_an_attempt_the_last_one_did_not_reach_are_kept_once_and_tagged(tmp_path, mlflow_fake):
+    """A driver killed at epoch 3 of a trial with no checkpoint; resumed, the trial starts over and is pruned at epoch 2
+    (the rung's decision can differ in the resumed study). Its run keeps epochs 1-3 once each, and says that epoch 3
+    came from the attempt that was cut short; a trial that continued past what it had logged gets no such tag."""
+    first = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")
+    for op in (start("a"), epoch("a", 1), epoch("a", 2), epoch("a", 3), start("b"), epoch("b", 1), epoch("b", 2)):
+        first.submit(op)
+    second = recorder_for(mlflow_fake, tmp_path / "spool.jsonl")  # the resumed driver
+    for op in (start("a"), epoch("a", 1), epoch("a", 2), complete("a", "PRUNED")):
+        second.submit(op)
+    for op in (start("b"), epoch("b", 2), epoch("b", 3), complete("b")):  # b continues from its epoch-1 checkpoint
+        second.submit(op)
+    a, b = mlflow_fake.trials()["a"], mlflow_fake.trials()["b"]
+    assert mlflow_fake.steps(a) == [1, 2, 3] and a.data.tags["epochs_of_a_lost_attempt"] == "3-3"
+    assert mlflow_fake.steps(b) == [1, 2, 3] and "epochs_of_a_lost_attempt" not in b.data.tags
+    assert a.info.status == b.info.status == "FINISHED"
