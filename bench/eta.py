@@ -87,7 +87,8 @@ def epoch_times(runs: Path, study: str) -> tuple[list[float], dict[tuple[str, in
 
 def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str, int], float]) -> str:
     """Each estimate's error put down to its epochs or its pace, and the estimate replayed with a recent pace."""
-    found = [(float(m[1]), seconds(m[2]) if m[2] else None, EVENT.search(line)) for line in lines if (m := LINE.match(line.strip()))]
+    progress = [line for line in lines if LINE.match(line.strip())]
+    found = [(elapsed, left, EVENT.search(line)) for line, (elapsed, left) in zip(progress, estimates(progress))]
     offsets = [by_epoch[(e[1], int(e[2]))] - elapsed for elapsed, _, e in found if e and (e[1], int(e[2])) in by_epoch]
     if not offsets:
         raise SystemExit("no progress line names an epoch recorded in MLflow: --runs and --study name another study")

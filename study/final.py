@@ -678,17 +678,18 @@ def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
         experiment_ids=[experiment_id],
         filter_string=tracking.run_filter({"attributes.status": "RUNNING", "tags.owner_host": socket.gethostname()}),
     )
-    closed, lock_files = [], set()
+    by_lock: dict[str, list] = {}  # a study.final's runs (its parent and seeds) share its lock: each lock read once
     for run in running:
-        lock = run.data.tags.get("owner_lock", "")
+        by_lock.setdefault(run.data.tags.get("owner_lock", ""), []).append(run)
+    closed = []
+    for lock, runs in by_lock.items():
         holder = locks.abandoned(lock)
-        if holder is not None:
-            reason = f"orphaned: the study.final that trained it ({holder}) ended without closing it (killed, or its machine stopped)"
-            tracking.fail_orphans(client, [run.info.run_id], reason, status="KILLED")
-            closed.append(run.info.run_name)
-            lock_files.add(Path(lock))
-    for lock in lock_files:  # its runs (one experiment: the parent and its seeds) are closed
-        lock.unlink(missing_ok=True)
+        if holder is None:
+            continue
+        reason = f"orphaned: the study.final that trained it ({holder}) ended without closing it (killed, or its machine stopped)"
+        tracking.fail_orphans(client, [run.info.run_id for run in runs], reason, status="KILLED")
+        closed += [run.info.run_name for run in runs]
+        Path(lock).unlink(missing_ok=True)  # its runs are closed
     if closed:
         print(f"marked KILLED {len(closed)} run(s) an earlier study.final left RUNNING when it was killed: {', '.join(sorted(closed))}")
 
