@@ -34,7 +34,19 @@ from trainables.core.data import (
     validation_folds,
     validation_split,
 )
-from trainables.core.transforms import TorchImages, eval_transform, preprocess_batch, to_tensor, train_transform
+from trainables.core.transforms import (
+    CharacterImages,
+    TorchImages,
+    affine_batch,
+    character_jitter,
+    draw_jitter,
+    eval_transform,
+    image_dataset,
+    keep_batch,
+    preprocess_batch,
+    to_tensor,
+    train_transform,
+)
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -1018,6 +1030,87 @@ def test_augment_crops_photos_less_at_lower_strength():
     assert crop.scale == pytest.approx((0.77, 1.0))
     standard = next(step for step in train_transform("photos", 16, 3.0).transforms if type(step).__name__ == "RandomResizedCrop")
     assert standard.scale == pytest.approx((0.08, 1.0))
+
+
+# -- characters batch-wise (CharacterImages) -------------------------------------------------------
+
+
+def torchvision_affine(images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """The reference: torchvision's own affine, image by image, with RandomAffine's defaults (nearest, fill 0)."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as tvf
+
+    return torch.stack([
+        tvf.affine(image, angle=float(a), translate=[float(tx), float(ty)], scale=float(s), shear=[float(sh), 0.0],
+                   interpolation=InterpolationMode.NEAREST, fill=0)
+        for image, (a, tx, ty, s, sh) in zip(images, params.tolist())
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(("size", "strength"), [(32, 1.0), (27, 1.0), (32, 3.0)])
+def test_batch_jitter_moves_each_character_as_torchvisions_affine_does(size, strength):
+    """Odd and even sizes (the centre between pixels or on one), the standard jitter and one three times as strong."""
+    glyphs, _ = synthetic_glyphs(4, 6, size, seed=1)
+    ink = torch.from_numpy(255 - glyphs).unsqueeze(1).float().div(255)
+    params = draw_jitter(len(ink), character_jitter(strength), size, generator=torch.Generator().manual_seed(7))
+    got = affine_batch(ink, params)
+    assert not torch.equal(got, ink)
+    torch.testing.assert_close(got, torchvision_affine(ink, params), rtol=0, atol=0)
+
+
+def test_batch_jitter_moves_by_hand_computed_amounts():
+    """A 90 degree turn of a 4 x 4 image and a whole-pixel shift, by hand: no library in the loop."""
+    image = torch.arange(16, dtype=torch.float32).view(1, 1, 4, 4)
+    turn = affine_batch(image, torch.tensor([[90.0, 0, 0, 1, 0]], dtype=torch.float64))
+    # a positive angle turns clockwise on screen (torchvision's convention): the top row is the first column, read
+    # from the bottom
+    torch.testing.assert_close(turn[0, 0], torch.rot90(image[0, 0], k=-1), rtol=0, atol=0)
+    assert turn[0, 0, 0].tolist() == [12, 8, 4, 0]
+    moved = affine_batch(image, torch.tensor([[0.0, 1, -1, 1, 0]], dtype=torch.float64))  # one right, one up
+    want = torch.zeros(4, 4)
+    want[:3, 1:] = image[0, 0, 1:, :3]
+    torch.testing.assert_close(moved[0, 0], want, rtol=0, atol=0)
+
+
+def test_batch_jitter_draws_in_random_affines_ranges():
+    size, jitter = 32, character_jitter(1.0)
+    params = draw_jitter(20_000, jitter, size, generator=torch.Generator().manual_seed(0)).numpy()
+    lows = [-10, -round(0.08 * size), -round(0.08 * size), 0.9, -5]
+    highs = [10, round(0.08 * size), round(0.08 * size), 1.1, 5]
+    for column, low, high in zip(params.T, lows, highs):
+        assert low <= column.min() and column.max() <= high
+        assert column.min() < low + 0.01 * (high - low) and column.max() > high - 0.01 * (high - low)  # the whole range
+        assert abs(column.mean() - (low + high) / 2) < 0.02 * (high - low)
+    shifts = params[:, 1:3]
+    np.testing.assert_array_equal(shifts, np.round(shifts))  # whole pixels, as torchvision rounds them
+    # a shift of +-2.56 px rounds to -3..3 with the end values drawn only beyond +-2.5: 0.06 / 2.56 of the draws each
+    assert abs((np.abs(shifts) == 3).mean() - 0.06 / 2.56) < 0.005
+    assert draw_jitter(3, character_jitter(0.0), size).numpy().tolist() == [[0, 0, 0, 1, 0]] * 3
+
+
+def test_character_batches_without_jitter_equal_the_evaluation_transform_and_map_labels():
+    glyphs, labels = synthetic_glyphs(3, 4, 20, seed=2)
+    images = ImageSet(labels + 10, "characters", arrays=glyphs)
+    index = {10: 2, 11: 0, 12: 1}
+    reference = torch.stack([eval_transform("characters", 20)(to_tensor(g, "characters")) for g in glyphs])
+    for strength in (None, 0.0):
+        batch, got_labels = CharacterImages(images, strength, index).__getitems__(list(range(len(glyphs))))
+        torch.testing.assert_close(batch, reference, rtol=0, atol=0)
+        assert got_labels.tolist() == [index[int(c)] for c in labels + 10]
+    image, label = CharacterImages(images)[5]
+    assert image.shape == (1, 20, 20) and label == int(labels[5]) + 10
+
+
+def test_image_dataset_reads_characters_at_the_size_batch_wise_and_others_image_by_image():
+    glyphs, labels = synthetic_glyphs(2, 4, 16, seed=0)
+    images = ImageSet(labels, "characters", arrays=glyphs)
+    dataset, collate = image_dataset(images, 16, 1.0)
+    assert isinstance(dataset, CharacterImages) and collate is keep_batch
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate)
+    batch, batch_labels = next(iter(loader))
+    assert batch.shape == (8, 1, 16, 16) and batch.dtype == torch.float32 and batch_labels.tolist() == labels.tolist()
+    other, collate = image_dataset(images, 12, 1.0)  # not at the size: resized image by image
+    assert isinstance(other, TorchImages) and collate is None
 
 
 # -- validation split by alphabet (config key val_split) -------------------------------------------
