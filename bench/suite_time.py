@@ -6,6 +6,9 @@ run say what else ran on the machine.
 
   python bench/suite_time.py                    # two full suites: about 15 min on 2 idle cores
   python bench/suite_time.py --rounds 2
+  python bench/suite_time.py --file-seconds run.xml   # tests/file_seconds.json from `pytest --junitxml run.xml`
+
+tests/file_seconds.json is each test file's seconds in one run: tests/conftest.py starts the longest files first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import re
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +59,24 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def file_seconds(junit: Path) -> dict[str, int]:
+    """Each test file's seconds (setup, call and teardown of its tests) in a ``pytest --junitxml`` report, longest first."""
+    seconds: Counter[str] = Counter()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        module = case.get("classname", "").split(".")  # tests.test_x[.Class]
+        seconds[f"{module[0]}/{module[1]}.py"] += float(case.get("time", 0))
+    return {name: round(s) for name, s in seconds.most_common() if s >= 1}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both variants (default 1)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for suite_time.{jsonl,md}")
+    parser.add_argument("--file-seconds", metavar="JUNIT", help="write tests/file_seconds.json from this report, and run nothing")
     args = parser.parse_args(argv)
+    if args.file_seconds:
+        (ROOT / "tests" / "file_seconds.json").write_text(json.dumps(file_seconds(Path(args.file_seconds)), indent=0) + "\n")
+        return 0
     rows = []
     for round_ in range(1, args.rounds + 1):
         for variant, flags in VARIANTS.items():
