@@ -64,11 +64,11 @@ def hbn_config(epochs: int) -> TrainConfig:
 
 def real_batches(run: engine.Run, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` training batches (images (B, 1, S, S), label indices (B,)) as the engine's loader yields them."""
-    from trainables.core.transforms import TorchImages, train_transform
+    from trainables.core.transforms import image_dataset
 
     index = {c: i for i, c in enumerate(run.classes)}
-    dataset = TorchImages(run.train_set, train_transform(run.train_set.kind, run.image_size), index)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=run.sampler)
+    dataset, collate = image_dataset(run.train_set, run.image_size, run.config.augment, index)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=run.sampler, collate_fn=collate)
     batches = []
     for images, labels in loader:
         batches.append((images, labels))
