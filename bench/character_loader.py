@@ -46,13 +46,10 @@ def splits_of(data_root: str | None) -> tuple[DatasetSplits | None, str]:
     return DatasetSplits(train=train, test=train.subset(range(0, len(train), 10))), "synthetic"
 
 
-def median_ms(fn, rounds: int) -> list[float]:
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return times
+def timed_ms(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for key, fn in variants.items():
-            times[key] += median_ms(fn, 1)
+            times[key].append(timed_ms(fn))
     result = {
         "dataset": name, "images": len(run.train_set), "batch": len(batch), "image_size": run.image_size, "threads": 1,
         "rounds": args.rounds, "median_ms": {k: round(statistics.median(v), 2) for k, v in times.items()},

@@ -299,9 +299,8 @@ def inverse_affine(params: torch.Tensor) -> torch.Tensor:
     sends q to (R Sh)^-1 (q - t) / scale; det(R Sh) = 1, so (R Sh)^-1 = [[d, -b], [-c, a]] for
     R Sh = [[a, b], [c, d]]."""
     angle, tx, ty, scale, shear = (torch.deg2rad(params[:, 0]), params[:, 1], params[:, 2], params[:, 3], torch.deg2rad(params[:, 4]))
-    a, c = torch.cos(angle), torch.sin(angle)
-    b = -(a * torch.tan(shear) + torch.sin(angle))
-    d = torch.cos(angle) - c * torch.tan(shear)
+    a, c, tan = torch.cos(angle), torch.sin(angle), torch.tan(shear)
+    b, d = -(a * tan + c), a - c * tan
     m00, m01, m10, m11 = d / scale, -b / scale, -c / scale, a / scale
     return torch.stack([torch.stack([m00, m01, -(m00 * tx + m01 * ty)], 1), torch.stack([m10, m11, -(m10 * tx + m11 * ty)], 1)], dim=1)
 
@@ -336,13 +335,13 @@ class CharacterImages(BatchImages):
         if images.arrays is None or images.kind != "characters" or images.arrays.ndim != 3:
             raise ValueError("CharacterImages needs characters decoded in memory: ImageSet.arrays (N, S, S) uint8")
         super().__init__(images, label_index)
-        self.arrays, self.strength = images.arrays, strength or 0.0
+        self.arrays, self.jitter = images.arrays, character_jitter(strength) if strength else None
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = np.asarray(indices, dtype=np.int64)
         ink = torch.from_numpy(255 - self.arrays[index]).unsqueeze(1).float().div_(255)
-        if self.strength > 0:
-            ink = affine_batch(ink, draw_jitter(len(index), character_jitter(self.strength), ink.shape[-1]))
+        if self.jitter is not None:
+            ink = affine_batch(ink, draw_jitter(len(index), self.jitter, ink.shape[-1]))
         (mean,), (std,) = normalization_stats("characters")
         return ink.sub_(mean).div_(std), self.labels[index]
 
