@@ -259,6 +259,7 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     describe_optuna_study(study, parent_id, parent.data.tags.get("space", ""), metric)
     trial_runs = child_runs(client, recorder.experiment_id, parent_id)  # the one search of the trials' runs
     reruns = child_runs(client, recorder.experiment_id, parent_id, kind="confirmation")
+    trial_runs += record_unstarted(study, recorder, {r.data.tags.get("trial_id") for r in trial_runs})
     children = {r.data.tags.get("trial_id"): r for r in trial_runs}
     best, selection = summary.best, summary.selection
     picked = children.get(best.user_attrs.get("tune_trial_id")) if best is not None else None
@@ -287,6 +288,25 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
             client.log_artifact(parent_id, str(path))
     write_parent_summary(client, parent, summary, metric, picked)
     client.set_terminated(parent_id, status="FINISHED")
+
+
+UNSTARTED = "orphaned: Optuna asked for this trial just before the driver was killed; Tune never started it"
+
+
+def record_unstarted(study: optuna.Study, recorder: TrialRecorder, started: set[str]) -> list:
+    """A FAILED run (with its config as params and ``UNSTARTED`` as its reason) for each failed Optuna trial that has
+    none: the searcher asked for it and named its Tune trial, then the driver was killed before the trial's first record
+    opened its run (Tune had not started it, so a resume does not either). MLflow then holds one run per Optuna trial.
+    Written through the recorder, as every trial run; returns the new runs."""
+    failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    missing = [t for t in failed if "tune_trial_id" in t.user_attrs and t.user_attrs["tune_trial_id"] not in started]
+    for trial in missing:
+        tags = {"failure_reason": UNSTARTED, "trial_state": "FAIL", "optuna_state": "FAIL", "stopped_early": "false"}
+        op = {"op": "error", "trial_id": trial.user_attrs["tune_trial_id"], "tags": tags}
+        recorder.submit({**op, "config": trial.user_attrs.get("config") or trial.params})
+    if missing and not recorder.flush(force=True):
+        raise ConnectionError("the runs of trials that never started could not be written")
+    return [recorder.client.get_run(recorder.run_ids[t.user_attrs["tune_trial_id"]]) for t in missing]
 
 
 def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list, picked) -> set[str]:

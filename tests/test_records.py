@@ -539,3 +539,41 @@ def test_epochs_of_an_attempt_the_last_one_did_not_reach_are_kept_once_and_tagge
     assert mlflow_fake.steps(a) == [1, 2, 3] and a.data.tags["epochs_of_a_lost_attempt"] == "3-3"
     assert mlflow_fake.steps(b) == [1, 2, 3] and "epochs_of_a_lost_attempt" not in b.data.tags
     assert a.info.status == b.info.status == "FINISHED"
+
+
+def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_path, runs):
+    """The loaded suite's rehearsal resume (2026-11-26): the driver was killed after the searcher asked Optuna for a trial
+    (its tune_trial_id and config set) and before the trial's first record opened its MLflow run; Tune had not started it,
+    so the resume never did. The end of the study gives it a FAILED run with the orphan's reason: MLflow holds one run per
+    Optuna trial, and an end of the study written again (study.sync) adds none."""
+    import mlflow
+
+    from study.journal import open_storage
+
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", f"journal:{tmp_path / 'optuna.log'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("dml-studies", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent_id = client.create_run(experiment, run_name="k", tags={"kind": "study", "study_name": "k"}).info.run_id
+    study = optuna.create_study(study_name="k", direction="maximize", storage=open_storage(storage))
+    lr = optuna.distributions.FloatDistribution(0.001, 0.1)
+    recorder = TrialRecorder(uri, experiment, parent_id, "k", str(tmp_path / "spool.jsonl"), optuna_storage=storage)
+    for tune_id in ("t0", "t1"):
+        trial = study.ask({"lr": lr})
+        trial.set_user_attr("tune_trial_id", tune_id)
+        trial.set_user_attr("config", {"lr": trial.params["lr"], "dataset": "synthetic"})
+    for op in (start("t0"), epoch("t0", 1), complete("t0")):  # t1 was asked for, then the driver was killed
+        recorder.submit(op)
+    study.tell(0, 0.1)
+    study.tell(1, state=TrialState.FAIL)  # parent.reconcile_before_resume: no Tune trial continues it
+    for _ in range(2):  # the end of the study, then a sync of it
+        summary = records.finish_study(study, recorder, "val_recall_at_1", "max", 1.0)
+        assert summary.mlflow_synced, summary.mlflow_error
+    children = {r.data.tags["trial_id"]: r for r in client.search_runs([experiment], "tags.kind = 'trial'")}
+    assert sorted(children) == ["t0", "t1"]
+    unstarted = children["t1"]
+    assert unstarted.info.status == "FAILED" and unstarted.data.tags["failure_reason"].startswith("orphaned")
+    assert unstarted.data.tags["optuna_trial_number"] == "1" and unstarted.data.tags["optuna_state"] == "FAIL"
+    assert unstarted.data.tags["mlflow.parentRunId"] == parent_id and unstarted.info.run_name == "trial-1-t1"
+    assert float(unstarted.data.params["lr"]) == study.trials[1].params["lr"]
+    assert not client.get_metric_history(unstarted.info.run_id, "train_loss")  # it trained nothing
+    assert children["t0"].info.status == "FINISHED" and children["t0"].data.tags["optuna_state"] == "COMPLETE"
