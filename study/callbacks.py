@@ -16,6 +16,7 @@ from typing import Any
 
 from ray.tune import Callback
 
+from study.heap import Releaser
 from study.recorder import TrialRecorder
 from study.records import active_tag
 from study.selection import planned_runs
@@ -276,3 +277,14 @@ class KeepState(Callback):
 
     def on_experiment_end(self, trials, **info):
         self.keeper.maybe_keep(force=True)
+
+
+class ReleaseMemory(Callback):
+    """Gives the driver's freed heap back to the operating system every ``Releaser.every_s`` of Tune's loop
+    (``study.heap``): its memory then grows with what a study holds, not with what it has freed."""
+
+    def __init__(self) -> None:
+        self.releaser = Releaser()
+
+    def on_step_end(self, iteration, trials, **info):
+        self.releaser.maybe_release()

@@ -642,7 +642,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.search import ConcurrencyLimiter
 
-    from study.callbacks import KeepState, MlflowTrials, Progress
+    from study.callbacks import KeepState, MlflowTrials, Progress, ReleaseMemory
     from study.search import RacingSearcher
 
     s = settings
@@ -670,6 +670,7 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
                 MlflowTrials(recorder, s.record.metric, s.max_epochs),
                 Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, race=s.race_plan),
                 *([KeepState(s.experiment_dir)] if "://" not in s.experiment_dir else []),
+                ReleaseMemory(),
                 CSVLoggerCallback(),
                 JsonLoggerCallback(),
             ],
