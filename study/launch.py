@@ -681,15 +681,15 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
 
 
 def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRecorder):
-    """The interrupted study's Tuner, after the records it kept are written and its orphaned Optuna trials are FAIL."""
+    """The interrupted study's Tuner, after the records it kept are written (its restored searcher tells the Optuna
+    trials that no restored Tune trial continues FAIL: ``OptunaSearcher.restore_state``)."""
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
     local = "://" not in settings.experiment_dir
     if local and (torn := tunestate.recover(settings.experiment_dir)):
         print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
     if local and not tunestate.whole(settings.experiment_dir):
         return fresh_tuner(settings, study, recorder)
-    parent.reconcile_before_resume(study, settings.experiment_dir)
-    return restore_tuner(settings)
+    return restore_tuner(settings)  # the searcher's restore fails the Optuna trials no Tune trial continues
 
 
 def restore_tuner(settings: StudySettings):

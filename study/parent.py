@@ -2,10 +2,8 @@
 
 The parent run (one per study, tags ``kind=study`` and ``study_name``) holds the study's settings as params
 (``study.record.StudyRecord``); its child runs are the trials (``study.recorder``). A study that fails or is
-interrupted leaves no run RUNNING (``stopped_on_failure``); before a resume, the Optuna trials no restored Tune
-trial will continue are FAIL (``reconcile_before_resume``).
-
-This module imports Ray only where a resume reads Tune's state.
+interrupted leaves no run RUNNING (``stopped_on_failure``). (The Optuna trials a resume does not continue are told
+FAIL by the restored searcher: ``study.search.OptunaSearcher.restore_state``.)
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlflow
-import optuna
 from mlflow.entities import Param
-from optuna.trial import TrialState
 
 from study import tracking
 from study.inputs import UsageError
@@ -106,21 +102,3 @@ def reopen(client, experiment_id: str, parent_id: str) -> None:
             client.set_tag(run.info.run_id, "stopped_before", reason)
             client.delete_tag(run.info.run_id, "failure_reason")
     client.update_run(parent_id, status="RUNNING")
-
-
-def reconcile_before_resume(study: optuna.Study, experiment_dir: str) -> list[int]:
-    """Optuna trials left RUNNING that no restored Tune trial will continue are marked FAIL; returns their numbers.
-
-    The Tune side is the experiment's last snapshot, read with Ray's public ``ExperimentAnalysis``; the
-    Optuna side is the ``tune_trial_id`` user attribute the searcher sets on every trial it asks for.
-    """
-    from ray.tune import ExperimentAnalysis
-
-    restored = ExperimentAnalysis(experiment_dir).trials
-    continuing = {t.trial_id for t in restored if t.status not in ("TERMINATED", "ERROR")}
-    failed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("tune_trial_id") not in continuing:
-            study.tell(trial.number, state=TrialState.FAIL)
-            failed.append(trial.number)
-    return failed

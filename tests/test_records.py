@@ -564,7 +564,7 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
     for op in (start("t0"), epoch("t0", 1), complete("t0")):  # t1 was asked for, then the driver was killed
         recorder.submit(op)
     study.tell(0, 0.1)
-    study.tell(1, state=TrialState.FAIL)  # parent.reconcile_before_resume: no Tune trial continues it
+    study.tell(1, state=TrialState.FAIL)  # the restored searcher (restore_state): no Tune trial continues it
     for _ in range(2):  # the end of the study, then a sync of it
         summary = records.finish_study(study, recorder, "val_recall_at_1", "max", 1.0)
         assert summary.mlflow_synced, summary.mlflow_error

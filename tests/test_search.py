@@ -185,6 +185,27 @@ def test_save_and_restore_continue_the_same_optuna_trials(tmp_path):
     assert all(not math.isnan(v) for t in trials.values() for v in t.intermediate_values.values())
 
 
+def test_a_restored_searcher_fails_the_optuna_trials_asked_for_after_its_last_save(tmp_path):
+    """The resume's reconciliation, from the searcher's own state (saved with each of Tune's snapshots): an Optuna trial
+    still RUNNING that the searcher asked for after its last save was never in Tune's snapshot either, so no restored
+    trial continues it: the restore tells it FAIL. The trials it saved as live stay RUNNING and continue; those told
+    before the kill stay as told."""
+    url = f"journal:{tmp_path / 'journal.log'}"
+    before = new_searcher(url)
+    for trial_id in ("running", "done"):
+        before.suggest(trial_id)
+    run_epochs(before, "done", 2)
+    before.on_trial_complete("done", result(2))
+    state = tmp_path / "searcher-state.pkl"
+    before.save(str(state))
+    before.suggest("late")  # asked after the last save, then the driver was killed
+    after = new_searcher(url)
+    after.restore(str(state))
+    trials = {t.user_attrs["tune_trial_id"]: t for t in optuna.load_study(study_name="s", storage=open_storage(url)).trials}
+    assert {k: t.state for k, t in trials.items()} == {"running": TrialState.RUNNING, "done": TrialState.PRUNED, "late": TrialState.FAIL}
+    assert list(after._live) == ["running"]
+
+
 def test_restored_grid_searcher_still_knows_how_many_points_it_asked_for(tmp_path):
     url = f"journal:{tmp_path / 'journal.log'}"
     before = new_searcher(url, GRID)
