@@ -5,9 +5,10 @@ with its own runs folder: one as ``python -m study.launch`` runs it (``study.hea
 pages back every 10 s of Tune's loop), one with that release turned off in its process. Each driver's VmRSS is read
 from /proc every 2 s, and its progress lines give the trials ended by then.
 
-Reported per arm: the RSS when a tenth of the trials had ended, when the last trial ended, the growth per ended
-trial between the two, the peak (the end of the study included) and the study's wall time. Rows go to
-``docs/bench/driver_rss.jsonl``.
+Reported per arm: the RSS when a tenth of the trials had ended and when 95 % had (the search: the last trials'
+progress lines come with the end of the study), the growth per ended trial between the two, the peak (the end of
+the study, which reads Tune's results and draws the plots) and the study's wall time. Rows go to
+``docs/bench/driver_rss.jsonl``; ``--table-only`` prints the table of its rows again.
 
   python bench/driver_rss.py --trials 2000
 """
@@ -78,20 +79,26 @@ def run_arm(arm: Arm, argv: list[str], runs: Path, start: float) -> None:
     arm.returncode, arm.wall_s = driver.returncode, round(time.time() - start, 1)
 
 
-def summary(arm: Arm, trials: int) -> dict:
-    """RSS at a tenth of the trials ended and at the last, the growth per trial between them, the peak."""
-    tenth = next(s for s in arm.samples if s[2] >= trials // 10)
-    last = next((s for s in arm.samples if s[2] >= trials), arm.samples[-1])
-    per_trial_kb = (last[1] - tenth[1]) * 1024 / max(1, last[2] - tenth[2])
+def summary(release: str, samples: list, trials: int) -> dict:
+    """RSS at a tenth and at 95 % of the trials ended, the growth per trial between them, the peak."""
+    tenth = next(s for s in samples if s[2] >= trials // 10)
+    late = next(s for s in samples if s[2] >= trials * 95 // 100)
     return {
-        "release": arm.release,
+        "release": release,
         "rss_tenth_mb": tenth[1],
-        "rss_last_trial_mb": last[1],
-        "growth_kb_per_trial": round(per_trial_kb, 1),
-        "peak_mb": max(s[1] for s in arm.samples),
-        "wall_s": arm.wall_s,
-        "returncode": arm.returncode,
+        "rss_95_percent_mb": late[1],
+        "growth_kb_per_trial": round((late[1] - tenth[1]) * 1024 / max(1, late[2] - tenth[2]), 1),
+        "peak_mb": max(s[1] for s in samples),
     }
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| commit | trials | release | RSS at 10 % of trials MB | at 95 % MB | growth KB per trial | peak MB | wall s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        cells = (row["commit"], row["trials"], row["release"], row["rss_tenth_mb"], row["rss_95_percent_mb"])
+        cells += (row["growth_kb_per_trial"], row["peak_mb"], row["wall_s"])
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 def main() -> int:
@@ -100,7 +107,14 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--epoch-seconds", type=float, default=0.05)
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "driver_rss.jsonl"))
+    parser.add_argument("--table-only", action="store_true", help="print the table of --out's rows, run nothing")
     args = parser.parse_args()
+    if args.table_only:
+        with open(args.out) as lines:
+            rows = [json.loads(line) for line in lines]
+        print_table([{**row, **summary(row["release"], row["samples"], row["trials"])} for row in rows])
+        return 0
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     study = ["--rehearse", str(args.epoch_seconds), "--ray-cpus", str(args.slots), "--max-concurrent", str(args.slots)]
     study += ["--num-samples", str(args.trials), "--epochs", "16", "--space", "smoke", "--confirm-budget", "0"]
     arms = [Arm("on"), Arm("off")]
@@ -115,19 +129,15 @@ def main() -> int:
             thread.start()
         for thread in threads:
             thread.join()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    rows = [{**summary(arm, args.trials), "trials": args.trials, "slots": args.slots, "commit": commit} for arm in arms]
+    rows = []
+    for arm in arms:  # the code is the one checked out when the drivers started
+        row = {**summary(arm.release, arm.samples, args.trials), "wall_s": arm.wall_s, "returncode": arm.returncode}
+        row.update(trials=args.trials, slots=args.slots, commit=commit, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)))
+        rows.append({**row, "load_before": load_before, "load_after": os.getloadavg()})
     with open(args.out, "a") as out:
         for arm, row in zip(arms, rows, strict=True):
-            row.update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)), load_before=load_before, load_after=os.getloadavg())
             out.write(json.dumps({**row, "samples": arm.samples}) + "\n")
-    print("| release | RSS at 1/10 of trials MB | at the last trial MB | growth KB per trial | peak MB | wall s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print(
-            f"| {row['release']} | {row['rss_tenth_mb']} | {row['rss_last_trial_mb']} | {row['growth_kb_per_trial']} | "
-            f"{row['peak_mb']} | {row['wall_s']} |"
-        )
+    print_table(rows)
     return 0 if all(row["returncode"] == 0 for row in rows) else 1
 
 
