@@ -18,7 +18,7 @@ from ray.tune import Callback
 
 from study.heap import Releaser
 from study.recorder import TrialRecorder
-from study.records import active_tag
+from study.records import active_tag, failed_tags
 from study.selection import planned_runs
 from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
@@ -114,9 +114,7 @@ class MlflowTrials(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         reason = first_error_line(trial_error_text(trial))
-        tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_early": "false", **active_tag(train_part(trial.config))}
-        if confirmed_trial(trial.config) is None:
-            tags["optuna_state"] = FAIL
+        tags = failed_tags(reason, train_part(trial.config), optuna=confirmed_trial(trial.config) is None)
         self.submit({"op": "error", "trial_id": trial.trial_id, "tags": tags, "config": dict(trial.config)})
 
 

@@ -689,7 +689,7 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
         print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
     if local and not tunestate.whole(settings.experiment_dir):
         return fresh_tuner(settings, study, recorder)
-    return restore_tuner(settings)  # the searcher's restore fails the Optuna trials no Tune trial continues
+    return restore_tuner(settings)
 
 
 def restore_tuner(settings: StudySettings):

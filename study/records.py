@@ -28,7 +28,7 @@ from study import tracking
 from study.recorder import TrialRecorder, run_name
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
-from study.trial import epochs_spent
+from study.trial import FAIL, epochs_spent
 from study.utilization import Utilization, study_utilization
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
@@ -161,6 +161,13 @@ def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
     """``{ACTIVE_PARAMS_TAG: the active keys, comma-separated}`` of a trial's config; {} when it is not a TrainConfig."""
     active = active_params(config)
     return {} if active is None else {ACTIVE_PARAMS_TAG: ",".join(active)}
+
+
+def failed_tags(reason: str, config: dict[str, Any] | None, optuna: bool = True) -> dict[str, str]:
+    """The tags of a trial's (or re-run's) run that failed: the reason, its state, its active params and, for an
+    Optuna trial (``optuna``; a re-run is none), the state Optuna records."""
+    tags = {"failure_reason": reason, "trial_state": FAIL, "stopped_early": "false", **active_tag(config)}
+    return {**tags, "optuna_state": FAIL} if optuna else tags
 
 
 def write_tags(client, run, tags: dict[str, str]) -> bool:
@@ -301,9 +308,9 @@ def record_unstarted(study: optuna.Study, recorder: TrialRecorder, started: set[
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
     missing = [t for t in failed if "tune_trial_id" in t.user_attrs and t.user_attrs["tune_trial_id"] not in started]
     for trial in missing:
-        tags = {"failure_reason": UNSTARTED, "trial_state": "FAIL", "optuna_state": "FAIL", "stopped_early": "false"}
-        op = {"op": "error", "trial_id": trial.user_attrs["tune_trial_id"], "tags": tags}
-        recorder.submit({**op, "config": trial.user_attrs.get("config") or trial.params})
+        config = trial.user_attrs.get("config") or trial.params
+        op = {"op": "error", "trial_id": trial.user_attrs["tune_trial_id"], "tags": failed_tags(UNSTARTED, config)}
+        recorder.submit({**op, "config": config})
     if missing and not recorder.flush(force=True):
         raise ConnectionError("the runs of trials that never started could not be written")
     return [recorder.client.get_run(recorder.run_ids[t.user_attrs["tune_trial_id"]]) for t in missing]
