@@ -10,7 +10,11 @@ For each (slots, trials) of a grid it runs, one after the other in this invocati
   hand: ``tune.Tuner`` with ``OptunaSearch`` (TPE, define-by-run over the same space), stock ``ASHAScheduler``
   (max_t 16, grace 4, reduction 4), ``max_concurrent_trials=SLOTS``, ``MLflowLoggerCallback`` to a sqlite store
   in a temporary folder, ``ray.init(num_cpus=SLOTS)``; Ray's and Tune's defaults otherwise (no actor reuse,
-  Tune's auto loggers, its progress table). It runs in a subprocess of its own (this script, ``_stock``).
+  Tune's auto loggers, its progress table). It runs in a subprocess of its own (this script, ``_stock``);
+* **bare** (``--only bare`` or ``all``): bare stock Ray Tune as Ray's own scalability benchmark runs it, the floor
+  under both: the same surrogate, no searcher (TRIALS configs drawn up front from the space by Optuna's random
+  sampler, one per trial), no scheduler (every trial trains its 16 epochs), no logging (Tune's auto loggers off:
+  ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``), ``max_concurrent_trials=SLOTS``, ``ray.init(num_cpus=SLOTS)``.
 
 Each trial asks for one logical CPU, so SLOTS trials sleep side by side: the surrogate trains nothing and sleeps
 EPOCH_S per epoch, and what is left is the cost of orchestrating them on this machine's real cores.
@@ -65,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 METRIC, MODE = "val_recall_at_1", "max"
 MAX_T, GRACE, REDUCTION = 16, 4, 4  # the stock ASHA of the brief; the full stack derives the same ladder from --epochs 16
 SAMPLE_S = 0.5
+STACKS = ("full", "stock", "bare")
 STOCK_MARK = "STUDY_SCALE_STOCK "  # the stock child's lines for this script: fit start, fit end, result
 
 
@@ -230,9 +235,10 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
     return {**row, **run}
 
 
-def run_stock(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_stock(slots: int, trials: int, args: argparse.Namespace, workdir: Path, bare: bool = False) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "_stock", "--slots", str(slots), "--trials", str(trials)]
     command += ["--epoch-seconds", f"{args.epoch_seconds:g}", "--space", args.space, "--workdir", str(workdir)]
+    command += ["--bare"] if bare else []
     shown = "python " + shlex.join(command[1:]).replace(str(Path(__file__).resolve()), "bench/study_scale.py")
     print(f"$ {shown}", flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -244,7 +250,8 @@ def run_stock(slots: int, trials: int, args: argparse.Namespace, workdir: Path) 
             kind, _, payload = text[len(STOCK_MARK) :].partition(" ")
             marks[kind] = (t, payload)
     result = json.loads(marks["result"][1]) if "result" in marks else {}
-    row: dict[str, Any] = {"stack": "stock", "study_name": f"stock-{slots}x{trials}", "command": shown}
+    stack = "bare" if bare else "stock"
+    row: dict[str, Any] = {"stack": stack, "study_name": f"{stack}-{slots}x{trials}", "command": shown}
     row["epochs"] = result.get("epochs", 0)
     row["tune_trials"] = result.get("trials", 0)
     row["stock_errors"] = result.get("errors", 0)
@@ -270,23 +277,47 @@ def define_by_run(space, trial) -> dict[str, Any]:
     return {k: v for k, v in {**space.fixed, "epochs": MAX_T}.items() if k not in chosen}
 
 
-def stock_child(args: argparse.Namespace) -> int:
-    """The stock Ray Tune study, as a user would write it: run in its own process by ``run_stock``."""
-    import ray
+def drawn_configs(space, trials: int) -> list[dict[str, Any]]:
+    """``trials`` configs of ``space`` drawn at random (Optuna's random sampler, seed 0), with 16 epochs each."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    return [space.to_config(space.suggest(study.ask()), {"epochs": MAX_T}) for _ in range(trials)]
+
+
+def bare_trial(config: dict[str, Any], *, configs: list[dict[str, Any]], epoch_seconds: float) -> None:
+    """One bare trial: the surrogate on the drawn config ``config["index"]`` names (module level: Tune pickles it)."""
+    from trainables.surrogate import train_surrogate
+
+    train_surrogate(configs[config["index"]], budgets=None, epoch_seconds=epoch_seconds)
+
+
+def bare_tuner(space, args: argparse.Namespace, workdir: Path):
+    """Bare stock Ray Tune: a grid over the drawn configs, no searcher, no scheduler, no callbacks."""
+    from ray import tune
+
+    slots, trials = args.slots[0], args.trials[0]
+    trainable = tune.with_parameters(bare_trial, configs=drawn_configs(space, trials), epoch_seconds=args.epoch_seconds)
+    return tune.Tuner(
+        trainable,
+        param_space={"index": tune.grid_search(list(range(trials)))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=slots),
+        run_config=tune.RunConfig(name="bare", storage_path=str(workdir / "ray")),
+    )
+
+
+def stock_tuner(space, args: argparse.Namespace, workdir: Path):
+    """Stock Ray Tune as a user would write it: OptunaSearch (TPE), ASHA and MLflowLoggerCallback."""
     from ray import tune
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from study.spaces import load_space
     from trainables.surrogate import train_surrogate
 
-    space = load_space(args.space)
-    workdir = Path(args.workdir)
-
     slots, trials = args.slots[0], args.trials[0]
-    ray.init(num_cpus=slots)
-    tuner = tune.Tuner(
+    return tune.Tuner(
         tune.with_parameters(train_surrogate, budgets=None, epoch_seconds=args.epoch_seconds),
         tune_config=tune.TuneConfig(
             search_alg=OptunaSearch(space=functools.partial(define_by_run, space), metric=METRIC, mode=MODE, seed=0),
@@ -302,6 +333,20 @@ def stock_child(args: argparse.Namespace) -> int:
             callbacks=[MLflowLoggerCallback(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}", experiment_name="stock-scale")],
         ),
     )
+
+
+def stock_child(args: argparse.Namespace) -> int:
+    """The stock (or bare) Ray Tune study: run in its own process by ``run_stock``."""
+    import ray
+
+    from study.spaces import load_space
+
+    space = load_space(args.space)
+    workdir = Path(args.workdir)
+    if args.bare:
+        os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # read by Tune when the Tuner is built
+    ray.init(num_cpus=args.slots[0])
+    tuner = bare_tuner(space, args, workdir) if args.bare else stock_tuner(space, args, workdir)
     print(f"{STOCK_MARK}fit_start {time.time()}", flush=True)
     results = tuner.fit()
     print(f"{STOCK_MARK}fit_end {time.time()}", flush=True)
@@ -355,8 +400,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "# A study at scale, rehearsed on one machine (bench/study_scale.py)",
         "",
         "full: `python -m study.launch --rehearse`; stock: hand-written `tune.Tuner` + OptunaSearch + ASHA + MLflowLoggerCallback, "
-        "same surrogate. minimum = epochs reported x epoch s / slots. fit wall: the header before `Tuner.fit` to the last "
-        "progress line (full) or `Tuner.fit` (stock). driver CPU: the driver process only (Ray's processes apart). "
+        "same surrogate; bare: `tune.Tuner` over drawn configs, no searcher, no scheduler, no loggers. "
+        "minimum = epochs reported x epoch s / slots. fit wall: the header before `Tuner.fit` to the last "
+        "progress line (full) or `Tuner.fit` (stock, bare). driver CPU: the driver process only (Ray's processes apart). "
         "Read docs/scale.md for what ran beside.",
         "",
         "| stack | slots | trials | rc | Tune trials | epochs | wall s | fit wall s | minimum s | wall/min | fit/min | driver CPU-s | "
@@ -390,7 +436,7 @@ def plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         ("overhead", "slots", "wall_over_min", "slots (concurrent trials)", "wall / minimum"),
     ):
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for stack, marker in (("full", "o"), ("stock", "s")):
+        for stack, marker in (("full", "o"), ("stock", "s"), ("bare", "^")):
             group = "slots" if x == "trials" else "trials"
             for g in sorted({r[group] for r in rows if r["stack"] == stack}):
                 pts = sorted((r[x], r[y]) for r in rows if r["stack"] == stack and r[group] == g and r[y] is not None)
@@ -441,7 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="full stack: study.launch --checkpoint-every SECONDS (default: study.launch's own, 60); 0 checkpoints every epoch",
     )
     parser.add_argument("--space", default="smoke", help="search space, as study.launch --space (default smoke; epochs forced to 16)")
-    parser.add_argument("--only", choices=("full", "stock", "both"), default="both", help="which stack to run (default both)")
+    parser.add_argument(
+        "--only",
+        choices=(*STACKS, "both", "all"),
+        default="both",
+        help="which stack to run: both is full and stock, all adds bare (default both)",
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "study_scale.jsonl"), help="the .jsonl to append to")
     parser.add_argument("--keep", help="keep each run's stores and logs under this folder (default: a temporary folder, removed)")
     parser.add_argument("--table-only", action="store_true", help="only rewrite the .md and the plots from the .jsonl")
@@ -453,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_stock"]:  # the stock study's own process (run_stock)
         child = build_parser()
         child.add_argument("--workdir", required=True)
+        child.add_argument("--bare", action="store_true")
         return stock_child(child.parse_args(argv[1:]))
     args = build_parser().parse_args(argv)
     out = Path(args.out)
@@ -463,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: 5000 trials at 1 s per epoch take hours on a small machine", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     command = "python bench/study_scale.py " + shlex.join(argv)
-    stacks = ("full", "stock") if args.only == "both" else (args.only,)
+    stacks = {"both": ("full", "stock"), "all": STACKS}.get(args.only, (args.only,))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="study_scale_") as tmp:
         base = Path(args.keep or tmp)
@@ -473,8 +525,10 @@ def main(argv: list[str] | None = None) -> int:
                     workdir = base / f"{stack}-{slots}x{trials}-{int(time.time())}"
                     workdir.mkdir(parents=True)
                     state = machine_state()
-                    runner = run_full if stack == "full" else run_stock
-                    row = runner(slots, trials, args, workdir)
+                    if stack == "full":
+                        row = run_full(slots, trials, args, workdir)
+                    else:
+                        row = run_stock(slots, trials, args, workdir, bare=stack == "bare")
                     row = {
                         **row,
                         **figures(row, slots, trials, args.epoch_seconds),
