@@ -11,7 +11,7 @@ For each (slots, trials) of a grid it runs, one after the other in this invocati
   (max_t 16, grace 4, reduction 4), ``max_concurrent_trials=SLOTS``, ``MLflowLoggerCallback`` to a sqlite store
   in a temporary folder, ``ray.init(num_cpus=SLOTS)``; Ray's and Tune's defaults otherwise (no actor reuse,
   Tune's auto loggers, its progress table). It runs in a subprocess of its own (this script, ``_stock``);
-* **bare** (``--only bare`` or ``all``): bare stock Ray Tune as Ray's own scalability benchmark runs it, the floor
+* **bare** (``--only bare``, ``--only full bare`` or ``all``): bare stock Ray Tune as Ray's own scalability benchmark runs it, the floor
   under both: the same surrogate, no searcher (TRIALS configs drawn up front from the space by Optuna's random
   sampler, one per trial), no scheduler (every trial trains its 16 epochs), no logging (Tune's auto loggers off:
   ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``), ``max_concurrent_trials=SLOTS``, ``ray.init(num_cpus=SLOTS)``.
@@ -489,9 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--space", default="smoke", help="search space, as study.launch --space (default smoke; epochs forced to 16)")
     parser.add_argument(
         "--only",
+        nargs="+",
         choices=(*STACKS, "both", "all"),
-        default="both",
-        help="which stack to run: both is full and stock, all adds bare (default both)",
+        default=["both"],
+        help="the stacks to run, one after the other at each size: both is full and stock, all adds bare (default both)",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "study_scale.jsonl"), help="the .jsonl to append to")
     parser.add_argument("--keep", help="keep each run's stores and logs under this folder (default: a temporary folder, removed)")
@@ -515,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         print("note: 5000 trials at 1 s per epoch take hours on a small machine", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     command = "python bench/study_scale.py " + shlex.join(argv)
-    stacks = {"both": ("full", "stock"), "all": STACKS}.get(args.only, (args.only,))
+    named = {"both": ("full", "stock"), "all": STACKS}
+    stacks = list(dict.fromkeys(stack for name in args.only for stack in named.get(name, (name,))))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="study_scale_") as tmp:
         base = Path(args.keep or tmp)
