@@ -55,9 +55,10 @@ def finished_in(line: str) -> int | None:
 
 
 class Driver:
-    """``python -m study.launch ARGV`` in a session of its own, sampled, its output timestamped into ``log``."""
+    """``python -m study.launch ARGV`` in a session of its own, sampled, its output timestamped into ``log``; ``reached``
+    is set once a progress line counts ``kill_at`` finished trials (or the output ends)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, spool: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, spool: Path, kill_at: int | None = None) -> None:
         self.started = time.time()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "study.launch", *argv], cwd=ROOT, env=env, start_new_session=True,
@@ -68,7 +69,7 @@ class Driver:
         self.lines: list[tuple[float, str]] = []
         self.finished = 0
         self.reached = threading.Event()
-        self.kill_at: int | None = None
+        self.kill_at = kill_at
         self.reader = threading.Thread(target=self._read, args=(log,), daemon=True)
         self.reader.start()
 
@@ -91,7 +92,10 @@ class Driver:
 
     def end(self, kill: bool) -> dict[str, Any]:
         if kill:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the driver and its Ray had ended already
+                pass
         self.process.wait()
         self.reader.join()
         ended = time.time()
@@ -138,12 +142,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     start += ["--num-samples", str(args.trials), "--epochs", "16", "--space", args.space, "--study-name", name]
     spool = runs / "spool" / f"{name}.jsonl"
     print(f"$ DML_RUNS_DIR={runs} python -m study.launch {shlex.join(start)}   (SIGKILLed at {args.kill_at} finished)", flush=True)
-    first = Driver(start, env, workdir / "first.out", spool)
-    first.kill_at = args.kill_at
+    first = Driver(start, env, workdir / "first.out", spool, kill_at=args.kill_at)
     first.reached.wait()
     killed_at = first.finished
     row: dict[str, Any] = {"study_name": name, "trials": args.trials, "slots": args.slots, "kill_at": args.kill_at}
     row["first"] = {**first.end(kill=True), "finished_when_killed": killed_at}
+    if killed_at < args.kill_at:
+        tail = "\n".join(text for _, text in first.lines[-6:])
+        raise SystemExit(
+            f"the study ended (exit {row['first']['returncode']}) with {killed_at} of --kill-at {args.kill_at} trials finished:\n{tail}"
+        )
     row["first"]["errors"] = errors_in([text for _, text in first.lines])
     resume = ["--study-name", name, "--resume"]
     print(f"$ DML_RUNS_DIR={runs} python -m study.launch {shlex.join(resume)}   (killed at {killed_at} finished)", flush=True)
