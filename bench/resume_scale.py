@@ -158,8 +158,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     second = Driver(resume, env, workdir / "resume.out", spool)
     row["resume"] = second.end(kill=False)
     row["resume"]["header_s"] = second.first(lambda text: f"of study {name}: " in text)
-    row["resume"]["first_progress_s"] = second.first(lambda text: finished_in(text) is not None)
-    row["resume"]["first_progress_finished"] = next((finished_in(t) for _, t in second.lines if finished_in(t) is not None), None)
+    progress = next(((t - second.started, finished_in(text)) for t, text in second.lines if finished_in(text) is not None), (None, None))
+    row["resume"]["first_progress_s"], row["resume"]["first_progress_finished"] = progress
     row["resume"]["errors"] = errors_in([text for _, text in second.lines])
     row["resume"]["output_tail"] = [text for _, text in second.lines[-6:]] if row["resume"]["returncode"] else []
     row["records"] = records(runs, name)
