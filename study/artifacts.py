@@ -25,6 +25,7 @@ from study import plots
 from study.inputs import write_yaml
 from study.plots import note
 from study.tracking import first_error_line
+from study.trial import run_key
 from trainables.core.config import TrainConfig, applicable_keys
 
 
@@ -64,9 +65,7 @@ def trials_table(study: optuna.Study, children: dict[str, Any], metric: str, pat
     frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_config", "user_attrs_mlflow_run_id")])
     # the schedule the trial finished: the last step of its intermediate values, an epoch or, on a ladder, a budget
     frame["epochs"] = [max(t.intermediate_values, default=0) for t in trials]
-    frame["mlflow_run_id"] = [
-        children[t.user_attrs["tune_trial_id"]].info.run_id if t.user_attrs.get("tune_trial_id") in children else "" for t in trials
-    ]
+    frame["mlflow_run_id"] = [children[run_key(t)].info.run_id if run_key(t) in children else "" for t in trials]
     frame.rename(columns={"value": metric}).to_csv(path, index=False)
     return path
 

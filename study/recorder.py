@@ -311,8 +311,10 @@ class TrialRecorder:
     def optuna_number(self, trial_id: str) -> int | None:
         """The number of the Optuna trial the searcher asked for Tune trial ``trial_id`` (None: not an Optuna trial).
 
-        Each Optuna trial is read once: a miss reads on from the first trial that no Tune trial had named yet
-        (the searcher names a trial just after asking for it; another searcher's trials never are).
+        Each Optuna trial is read once: a miss reads on from the first running trial that no Tune trial had named yet
+        (the searcher names a trial just after asking for it; another searcher's trials never are). An unnamed trial
+        that ended never will be named (a driver killed inside the ask, its trial told FAIL on resume): it is not read
+        again.
         """
         if trial_id not in self._numbers and self.study is not None:
             trials = self.study.get_trials(deepcopy=False)
@@ -321,7 +323,7 @@ class TrialRecorder:
                 named = trial.user_attrs.get("tune_trial_id")
                 if named is not None:
                     self._numbers[named] = trial.number
-                elif gap is None:
+                elif gap is None and not trial.state.is_finished():
                     gap = trial.number
             self._indexed = len(trials) if gap is None else gap
         return self._numbers.get(trial_id)
@@ -335,12 +337,13 @@ class TrialRecorder:
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # written after the trial ended (records kept during an outage): the run's optuna_trial_number links them
 
-    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial", confirms: int | None = None) -> str:
-        """The run of ``trial_id``, created at its first event; ``confirms``: the Optuna trial a confirmation run re-runs."""
+    def _run_id(self, trial_id: str, config: dict[str, Any] | None = None, kind: str = "trial", number: int | None = None) -> str:
+        """The run of ``trial_id``, created at its first event. ``number``: the Optuna trial a confirmation run re-runs;
+        for a trial run, its own when the op names it (a trial no Tune trial was named for), else ``optuna_number``."""
         self._find_runs()
         client = self.client
         if trial_id not in self.run_ids:
-            number = self.optuna_number(trial_id) if kind == "trial" else confirms
+            number = (number if number is not None else self.optuna_number(trial_id)) if kind == "trial" else number
             tags = {"mlflow.parentRunId": self.parent_run_id, "kind": kind, "trial_id": trial_id, "study_name": self.study_name}
             if number is not None:
                 tags["optuna_trial_number" if kind == "trial" else "confirms_optuna_trial"] = str(number)
@@ -359,7 +362,8 @@ class TrialRecorder:
         batches: dict[str, RunBatch] = {}
         for op in ops:
             trial_id = op["trial_id"]
-            run_id = self._run_id(trial_id, op.get("config"), op.get("kind", "trial"), op.get("confirms"))
+            kind = op.get("kind", "trial")
+            run_id = self._run_id(trial_id, op.get("config"), kind, op.get("confirms" if kind != "trial" else "optuna_number"))
             if op["op"] == "result":
                 batch = batches.setdefault(trial_id, RunBatch(run_id, self.last_step(trial_id)))
                 batch.add(int(op["step"]), op["metrics"], int(op["time_ms"]), op["tags"])

@@ -28,7 +28,7 @@ from study import tracking
 from study.recorder import TrialRecorder, run_name
 from study.selection import Selection, selection_from_record, selection_record
 from study.tracking import child_runs, first_error_line
-from study.trial import FAIL, epochs_spent
+from study.trial import FAIL, epochs_spent, run_key
 from study.utilization import Utilization, study_utilization
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
@@ -302,18 +302,19 @@ UNSTARTED = "orphaned: Optuna asked for this trial just before the driver was ki
 
 def record_unstarted(study: optuna.Study, recorder: TrialRecorder, started: set[str]) -> list:
     """A FAILED run (with its config as params and ``UNSTARTED`` as its reason) for each failed Optuna trial that has
-    none: the searcher asked for it and named its Tune trial, then the driver was killed before the trial's first record
-    opened its run (Tune had not started it, so a resume does not either). MLflow then holds one run per Optuna trial.
-    Written through the recorder, as every trial run; returns the new runs."""
+    none: the searcher asked for it, then the driver was killed before the trial's first record opened its run (Tune
+    had not started it, so a resume does not either); killed inside the ask, the trial has no config and no Tune trial
+    (``run_key``). MLflow then holds one run per Optuna trial. Written through the recorder, as every trial run;
+    returns the new runs."""
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    missing = [t for t in failed if "tune_trial_id" in t.user_attrs and t.user_attrs["tune_trial_id"] not in started]
+    missing = [t for t in failed if run_key(t) not in started]
     for trial in missing:
         config = trial.user_attrs.get("config") or trial.params
-        op = {"op": "error", "trial_id": trial.user_attrs["tune_trial_id"], "tags": failed_tags(UNSTARTED, config)}
+        op = {"op": "error", "trial_id": run_key(trial), "optuna_number": trial.number, "tags": failed_tags(UNSTARTED, config)}
         recorder.submit({**op, "config": config})
     if missing and not recorder.flush(force=True):
         raise ConnectionError("the runs of trials that never started could not be written")
-    return [recorder.client.get_run(recorder.run_ids[t.user_attrs["tune_trial_id"]]) for t in missing]
+    return [recorder.client.get_run(recorder.run_ids[run_key(t)]) for t in missing]
 
 
 def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list, picked) -> set[str]:
@@ -322,7 +323,7 @@ def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list,
     the ids of the runs it wrote to."""
     changed: set[str] = set()
     for t in study.get_trials(deepcopy=False):
-        run = children.get(t.user_attrs.get("tune_trial_id"))
+        run = children.get(run_key(t))
         if run is not None:
             tags = {
                 "optuna_trial_number": str(t.number),

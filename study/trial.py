@@ -50,6 +50,13 @@ def epochs_trained(trial: Any) -> int:
     return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
 
 
+def run_key(trial: Any) -> str:
+    """The ``trial_id`` tag of an Optuna trial's MLflow run: the Tune trial the searcher named for it (user attribute
+    ``tune_trial_id``), else ``optuna-<number>`` (the driver was killed inside Optuna's ask, before the searcher could
+    name it: study.records.record_unstarted gives it a run of its own)."""
+    return trial.user_attrs.get("tune_trial_id") or f"optuna-{trial.number}"
+
+
 def epochs_spent(trials: Any) -> int:
     """The epochs a study's Optuna trials trained in all (``epochs_trained`` of each): what the race's budget is a
     share of, and the study's ``epochs_spent``."""

@@ -7,6 +7,7 @@ be switched off to act as an unreachable tracking server.
 from __future__ import annotations
 
 import copy as copy_module
+import csv
 import json
 import pickle
 import re
@@ -504,9 +505,27 @@ def test_the_optuna_number_of_each_new_trial_is_found_reading_each_optuna_trial_
     recorder, study = recorder_for(mlflow_fake, tmp_path / "s.jsonl"), CountingStudy()
     recorder._study = study
     for n in range(200):
-        study.trials.append(SimpleNamespace(number=n, user_attrs={"tune_trial_id": f"t{n}"}))
+        study.trials.append(SimpleNamespace(number=n, state=TrialState.RUNNING, user_attrs={"tune_trial_id": f"t{n}"}))
         assert recorder.optuna_number(f"t{n}") == n
     assert study.read == 200
+
+
+def test_a_trial_never_named_reads_again_only_while_it_runs(tmp_path, mlflow_fake):
+    """A resumed study whose first driver was killed inside an ask: its Optuna trial 0 ended FAIL without a Tune trial
+    id, and will never get one. 200 trials named after it read 201 Optuna trials in all (was every trial from trial 0
+    on per new trial: 20,300). An unnamed trial still RUNNING (asked, not named yet) is read again until it is."""
+    recorder, study = recorder_for(mlflow_fake, tmp_path / "s.jsonl"), CountingStudy()
+    recorder._study = study
+    study.trials.append(SimpleNamespace(number=0, state=TrialState.FAIL, user_attrs={}))
+    for n in range(1, 201):
+        study.trials.append(SimpleNamespace(number=n, state=TrialState.RUNNING, user_attrs={"tune_trial_id": f"t{n}"}))
+        assert recorder.optuna_number(f"t{n}") == n
+    assert study.read == 201
+    study.trials.append(SimpleNamespace(number=201, state=TrialState.RUNNING, user_attrs={}))  # asked, being named
+    study.trials.append(SimpleNamespace(number=202, state=TrialState.RUNNING, user_attrs={"tune_trial_id": "t202"}))
+    assert recorder.optuna_number("t202") == 202 and study.read == 203
+    study.trials[201].user_attrs["tune_trial_id"] = "t201"
+    assert recorder.optuna_number("t201") == 201 and study.read == 205  # read again from the trial being named
 
 
 def test_the_study_description_ends_with_its_retrained_pick_and_a_later_retraining_replaces_it():
@@ -545,7 +564,11 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
     """The loaded suite's rehearsal resume (2026-11-26): the driver was killed after the searcher asked Optuna for a trial
     (its tune_trial_id and config set) and before the trial's first record opened its MLflow run; Tune had not started it,
     so the resume never did. The end of the study gives it a FAILED run with the orphan's reason: MLflow holds one run per
-    Optuna trial, and an end of the study written again (study.sync) adds none."""
+    Optuna trial, and an end of the study written again (study.sync) adds none.
+
+    Also when the kill came while Optuna asked, before the searcher named the trial (bench/resume_scale.py, 1 of 11 runs
+    of 20 trials killed at 6, 2026-11-26: an Optuna trial with no params, no user attrs and no run): its run is keyed
+    ``optuna-<number>``."""
     import mlflow
 
     from study.journal import open_storage
@@ -561,15 +584,24 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
         trial = study.ask({"lr": lr})
         trial.set_user_attr("tune_trial_id", tune_id)
         trial.set_user_attr("config", {"lr": trial.params["lr"], "dataset": "synthetic"})
+    study.ask()  # trial 2: the driver was killed inside this ask, before the searcher drew a config or named it
     for op in (start("t0"), epoch("t0", 1), complete("t0")):  # t1 was asked for, then the driver was killed
         recorder.submit(op)
     study.tell(0, 0.1)
     study.tell(1, state=TrialState.FAIL)  # the restored searcher (restore_state): no Tune trial continues it
+    study.tell(2, state=TrialState.FAIL)
     for _ in range(2):  # the end of the study, then a sync of it
         summary = records.finish_study(study, recorder, "val_recall_at_1", "max", 1.0)
         assert summary.mlflow_synced, summary.mlflow_error
     children = {r.data.tags["trial_id"]: r for r in client.search_runs([experiment], "tags.kind = 'trial'")}
-    assert sorted(children) == ["t0", "t1"]
+    assert sorted(children) == ["optuna-2", "t0", "t1"]
+    unnamed = children["optuna-2"]
+    assert unnamed.info.status == "FAILED" and unnamed.data.tags["failure_reason"].startswith("orphaned")
+    assert unnamed.data.tags["optuna_trial_number"] == "2" and unnamed.data.tags["optuna_state"] == "FAIL"
+    assert unnamed.info.run_name == "trial-2-optuna-2" and not unnamed.data.params
+    table = client.download_artifacts(parent_id, "trials.csv", str(tmp_path))
+    linked = {row["number"]: row["mlflow_run_id"] for row in csv.DictReader(open(table))}
+    assert linked == {"0": children["t0"].info.run_id, "1": children["t1"].info.run_id, "2": unnamed.info.run_id}
     unstarted = children["t1"]
     assert unstarted.info.status == "FAILED" and unstarted.data.tags["failure_reason"].startswith("orphaned")
     assert unstarted.data.tags["optuna_trial_number"] == "1" and unstarted.data.tags["optuna_state"] == "FAIL"
