@@ -18,11 +18,22 @@ read fails with ``JSONDecodeError``.
 What is cut off is kept in ``<journal>.torn`` for inspection, never silently
 thrown away. No reader ever saw a torn record (Optuna's reader skips it), so
 dropping it changes nothing any process has acted on.
+
+The journal's lock (``KillSafeLock``) is Optuna's own, a symbolic link
+``<journal>.lock`` that other Optuna writers (optuna-dashboard, a user's
+script) also take, inside an ``flock`` of this project's writers. A writer
+killed while it holds Optuna's link leaves it behind, and Optuna's lock waits
+30 s (its grace period) before breaking it: a driver SIGKILLed mid-append made
+its ``--resume`` wait 30 s (3 of 11 kills in ``bench/resume_scale.py``). The
+kernel drops the ``flock`` with its holder, and the holder's mark beside it
+says that it held the link, so the next writer removes the link left behind at
+once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -84,12 +95,61 @@ def repair(path: str) -> int:
     return size
 
 
+HELD = "held"  # the mark of a writer of this project that holds Optuna's link
+
+
+class KillSafeLock:
+    """A lock for Optuna's ``JournalFileBackend`` (its ``lock_obj``: ``acquire`` and ``release``, as Optuna's own locks).
+
+    Optuna's symbolic-link lock of the journal at ``path``, taken under an ``flock`` of ``<path>.flock``, whose
+    file marks whether its holder holds the link: a holder killed with the link held leaves the mark, and the next
+    one, which the kernel lets in, removes that link at once instead of waiting out Optuna's grace period. A link
+    without the mark is another Optuna writer's: waited for as Optuna waits. Threads of one process each take the
+    ``flock`` through their own open file, so they exclude each other as processes do."""
+
+    def __init__(self, path: str) -> None:
+        self.link = JournalFileSymlinkLock(path)  # Optuna's default lock, so other Optuna writers agree with it
+        self.link_path, self.mark_path = path + ".lock", path + ".flock"
+        self._marks: list = []  # the open mark file while held: at most one, as the flock admits one holder
+
+    def acquire(self) -> bool:
+        mark = open(self.mark_path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(mark, fcntl.LOCK_EX)  # waits for this project's other writers; dropped when a holder dies
+            mark.seek(0)
+            if mark.read().strip() == HELD:  # the last holder died holding the link: nobody else can be in it
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.link_path)
+                    log.warning("removed the lock %s that a writer killed while it held it left behind", self.link_path)
+            self.link.acquire()
+            mark.seek(0)
+            mark.truncate()
+            mark.write(HELD)
+            mark.flush()
+        except BaseException:
+            mark.close()  # drops the flock
+            raise
+        self._marks.append(mark)
+        return True
+
+    def release(self) -> None:
+        mark = self._marks.pop()
+        try:
+            self.link.release()
+            mark.seek(0)
+            mark.truncate()
+            mark.flush()
+        finally:
+            mark.close()  # drops the flock
+
+
 class RepairingJournalBackend(JournalFileBackend):
-    """Optuna's journal file backend that never appends after a torn record (see the module's docstring)."""
+    """Optuna's journal file backend that never appends after a torn record, with a lock a killed writer does not
+    keep for 30 s (see the module's docstring)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lock = JournalFileSymlinkLock(path)  # Optuna's default lock, so other Optuna writers agree with it
+        self.lock = KillSafeLock(path)
         super().__init__(path, lock_obj=self.lock)
         with self.locked():
             repair(path)
@@ -97,7 +157,7 @@ class RepairingJournalBackend(JournalFileBackend):
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The journal's lock (the one Optuna's own appends take), held for the body."""
-        self.lock.acquire()  # waits; breaks a lock left by a killed writer after its grace period
+        self.lock.acquire()  # waits; a link left by a killed writer of this project is removed at once
         try:
             yield
         finally:

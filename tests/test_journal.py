@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import subprocess
+import sys
+import threading
 
 import optuna
 import pytest
@@ -69,3 +74,54 @@ def test_cut_torn_tail_of_a_journal_of_one_torn_line(tmp_path):
     path.write_bytes(b'{"op_code":0,"wor')
     assert cut_torn_tail(str(path)) == len(b'{"op_code":0,"wor')
     assert path.read_bytes() == b""
+
+
+HOLDER = """
+import sys, time
+from study.journal import RepairingJournalBackend
+RepairingJournalBackend(sys.argv[1]).lock.acquire()
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_writer_killed_while_it_holds_the_journals_lock_does_not_keep_the_next_one_waiting(tmp_path, monkeypatch, caplog):
+    """A driver SIGKILLed mid-append left Optuna's lock link behind, and its --resume waited out Optuna's 30 s grace
+    period (3 of 11 kills in bench/resume_scale.py, 2026-11-26). Here Optuna's grace period is made endless: the next
+    writer gets the lock only because the kill-safe lock removes the link its killed holder left."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    from study import journal
+    from tests.conftest import ROOT, wait_for
+
+    path = str(tmp_path / "journal.log")
+    make_study(path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    assert os.path.islink(path + ".lock")  # left behind by the killed holder
+    monkeypatch.setattr(JournalFileSymlinkLock.__init__, "__defaults__", (None,))  # Optuna's grace period: endless
+    opened = []
+    threading.Thread(target=lambda: opened.append(journal.RepairingJournalBackend(path)), daemon=True).start()
+    wait_for(lambda: opened, 120, "the journal's lock")  # before: never (the link stayed, waited for without end)
+    assert not os.path.islink(path + ".lock") and "a writer killed while it held it" in caplog.text
+    assert values(path) == [0.0, 1.0, 2.0]
+    make_study(path, name="after")  # the journal takes appends again
+    assert values(path, name="after") == [0.0, 1.0, 2.0]
+
+
+def test_another_optuna_writers_lock_is_left_to_optunas_own_rule(tmp_path, monkeypatch, caplog):
+    """A lock link without this project's mark (optuna-dashboard's, a user's script's) is not removed early: Optuna's
+    own grace period (shortened here to 3 s) is what breaks it, as for any Optuna writer."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    from study import journal
+
+    path = str(tmp_path / "journal.log")
+    make_study(path)
+    JournalFileSymlinkLock(path).acquire()  # held by another Optuna writer, which never releases it here
+    monkeypatch.setattr(JournalFileSymlinkLock.__init__, "__defaults__", (3,))  # Optuna's grace period: 3 s
+    caplog.set_level(logging.WARNING)
+    journal.RepairingJournalBackend(path)
+    assert "Forcibly releasing the lock file" in caplog.text and "a writer killed while it held it" not in caplog.text
