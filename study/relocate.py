@@ -57,9 +57,10 @@ def file_path(uri: str) -> Path | None:
 
 
 def find_move(database: Path) -> Move | None:
-    """The move of the sqlite store ``database``, read from its experiments' artifact locations (None: not moved)."""
+    """The move of the sqlite store ``database``, read from its experiments' artifact locations (None: not moved).
+    Read as ``tracking.read_sqlite`` reads, which rolls back what a writer killed mid-transaction left."""
     new = database.resolve().parent
-    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+    with tracking.read_sqlite(database) as db:
         locations = [row[0] for row in db.execute("SELECT artifact_location FROM experiments") if row[0]]
     for location in locations:
         path = file_path(location)

@@ -91,6 +91,16 @@ def sqlite_file(uri: str) -> Path:
     return Path(uri.removeprefix("sqlite:///")).expanduser()
 
 
+def read_sqlite(database: Path):
+    """A connection (closed at the end of a ``with``) that reads a local store's sqlite file directly, opened for
+    writing as MLflow opens it (sqlite opens a write-protected file read-only): a writer killed mid-transaction leaves
+    a hot journal that the first reader must roll back, and a read-only connection cannot (SQLITE_READONLY_ROLLBACK,
+    "attempt to write a readonly database": every command failed on such a store, --resume first)."""
+    import sqlite3
+
+    return contextlib.closing(sqlite3.connect(database))
+
+
 def check_writable(folder: str | os.PathLike, what: str, probe_bytes: int = 0) -> Path:
     """``folder`` (created if missing) must take a new file; returns it resolved. ``what`` names the flag in the error.
 
@@ -318,9 +328,7 @@ def metric_histories(client: mlflow.MlflowClient, run_ids: list[str], keys: list
         for run_id, key in out:
             out[run_id, key] = client.get_metric_history(run_id, key)
         return out
-    import sqlite3
-
-    with contextlib.closing(sqlite3.connect(f"file:{sqlite_file(uri)}?mode=ro", uri=True)) as db:
+    with read_sqlite(sqlite_file(uri)) as db:
         for start in range(0, len(run_ids), 500):
             runs = run_ids[start : start + 500]
             query = (
