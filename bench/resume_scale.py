@@ -22,6 +22,13 @@ Run it (5,000 trials killed at 4,000 took 72 minutes on this 2-core machine: 60 
   python bench/resume_scale.py --trials 5000 --kill-at 4000 --slots 32 --epoch-seconds 0.05 --keep /tmp/resume_scale
 
 Results are appended to docs/bench/resume_scale.jsonl with the commit, the date, the load average and the command.
+
+A soak of the kill itself: small studies killed and resumed again and again, each kill landing at another moment
+(inside an MLflow transaction, an append to Optuna's journal, an ask...). It exits 1 unless every one resumed with its
+records whole, and says how many did. It found the three faults of docs/reliability.md's rows of 2026-11-26
+(f23719d, 190e17f, 2b28aaf); run it beside a busy loop per core, as then:
+
+  python bench/resume_scale.py --trials 20 --kill-at 6 --slots 8 --repeat 10 --out /tmp/soak.jsonl
 """
 
 from __future__ import annotations
@@ -181,15 +188,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--space", default="smoke", help="search space, as study.launch --space (default smoke)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "resume_scale.jsonl"), help="the .jsonl to append to")
     parser.add_argument("--keep", help="keep the stores and both drivers' output under this folder (default: a temporary one, removed)")
+    parser.add_argument("--repeat", type=int, default=1, help="kill and resume this many studies, one after the other (default 1)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    if not 0 < args.kill_at < args.trials:
-        build_parser().error(f"--kill-at: expected between 1 and --trials - 1 ({args.trials - 1}), got {args.kill_at}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+def whole(row: dict[str, Any]) -> bool:
+    """Whether the resume ended and the study kept its records: one run per Optuna trial, none twice, none RUNNING,
+    the parent FINISHED, the spool empty."""
+    kept = row["records"]
+    return (
+        row["resume"]["returncode"] == 0
+        and kept["parent_status"] == "FINISHED"
+        and not (kept["trials_without_run"] or kept["trials_with_runs_twice"] or kept["runs_running"] or kept["spool_lines_left"])
+    )
+
+
+def once(args: argparse.Namespace, argv: list[str], commit: str) -> dict[str, Any]:
+    """One kill and resume, its row appended to ``--out`` and summed up in three lines."""
     with tempfile.TemporaryDirectory(prefix="resume_scale_") as tmp:
         workdir = Path(args.keep or tmp) / f"{args.slots}x{args.trials}-{int(time.time())}"
         workdir.mkdir(parents=True)
@@ -208,10 +223,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{first['driver_peak_rss_mb']:.0f} MB, {first['driver_cpu_s']:.0f} CPU-s\n"
         f"resume: rc {resume['returncode']}, header at {resume['header_s']} s, first progress at {resume['first_progress_s']} s, "
         f"end at {resume['wall_s']:.0f} s, peak RSS {resume['driver_peak_rss_mb']:.0f} MB, {resume['driver_cpu_s']:.0f} CPU-s\n"
-        f"records: {json.dumps(kept)}",
+        f"records: {json.dumps(kept)}" + ("" if whole(row) else f"\nNOT WHOLE: {resume['output_tail'] or 'records above'}"),
         flush=True,
     )
-    return 0 if resume["returncode"] == 0 else 1
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if not 0 < args.kill_at < args.trials:
+        build_parser().error(f"--kill-at: expected between 1 and --trials - 1 ({args.trials - 1}), got {args.kill_at}")
+    if args.repeat < 1:
+        build_parser().error(f"--repeat: expected an integer >= 1, got {args.repeat}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    rows = [once(args, argv, commit) for _ in range(args.repeat)]
+    if args.repeat > 1:
+        headers = sorted(row["resume"]["header_s"] for row in rows if row["resume"]["header_s"] is not None)
+        spread = f"; headers at {headers[0]:.1f} to {headers[-1]:.1f} s" if headers else ""
+        print(f"{sum(map(whole, rows))} of {len(rows)} kills resumed with their records whole{spread}", flush=True)
+    return 0 if all(map(whole, rows)) else 1
 
 
 if __name__ == "__main__":

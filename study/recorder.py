@@ -343,7 +343,8 @@ class TrialRecorder:
         self._find_runs()
         client = self.client
         if trial_id not in self.run_ids:
-            number = (number if number is not None else self.optuna_number(trial_id)) if kind == "trial" else number
+            if kind == "trial" and number is None:
+                number = self.optuna_number(trial_id)
             tags = {"mlflow.parentRunId": self.parent_run_id, "kind": kind, "trial_id": trial_id, "study_name": self.study_name}
             if number is not None:
                 tags["optuna_trial_number" if kind == "trial" else "confirms_optuna_trial"] = str(number)
