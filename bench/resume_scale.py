@@ -10,9 +10,10 @@ driver's CPU-seconds and RSS, the MLflow spool's length).
 Measured, one JSON line per run:
 
 * the first driver: wall to the kill, peak RSS, CPU-seconds, trials finished when killed;
-* the resume: seconds from its start to the header it prints just before Tune restores the experiment, to its first
-  progress line (Tune's restore of every trial and the searcher's reconciliation of Optuna's trials with its saved
-  state, 79832a9) and to its exit; its peak RSS (at the end it holds all TRIALS trials) and CPU-seconds;
+* the resume: seconds from its start to the header it prints once ``Tuner.restore`` has read the experiment and just
+  before ``Tuner.fit``, to its first progress line (``fit``'s restore of every trial and the searcher's reconciliation
+  of Optuna's trials with its saved state, 79832a9) and to its exit; its peak RSS (at the end it holds all TRIALS
+  trials) and CPU-seconds;
 * the records once it has ended: Optuna trials by state, MLflow trial runs by status, Optuna numbers with no run
   or with more than one, runs still RUNNING, the spool's lines left. A study that kept its records has one run
   per Optuna trial, none RUNNING, an empty spool.
