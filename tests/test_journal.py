@@ -77,11 +77,11 @@ def test_cut_torn_tail_of_a_journal_of_one_torn_line(tmp_path):
 
 
 HOLDER = """
-import sys, time
+import sys
 from study.journal import RepairingJournalBackend
 RepairingJournalBackend(sys.argv[1]).lock.acquire()
 print("held", flush=True)
-time.sleep(3600)
+sys.stdin.read()  # holds the lock until killed (the test never closes stdin)
 """
 
 
@@ -96,7 +96,7 @@ def test_a_writer_killed_while_it_holds_the_journals_lock_does_not_keep_the_next
 
     path = str(tmp_path / "journal.log")
     make_study(path)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()

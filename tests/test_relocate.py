@@ -116,7 +116,7 @@ def test_a_store_whose_artifacts_folder_is_absent_is_not_taken_for_a_moved_one(t
 
 
 KILLED_MID_WRITE = """
-import sqlite3, sys, time
+import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
 db.execute("BEGIN IMMEDIATE")
 db.execute("PRAGMA cache_size = 1")  # the change goes to the database file at once, its undo to the journal
@@ -126,7 +126,7 @@ db.execute(  # more than the cache holds: pages of the database file are overwri
     "INSERT INTO tags (key, value, run_uuid) SELECT 'x' || i, 'v', (SELECT run_uuid FROM params LIMIT 1) FROM n"
 )
 print("in", flush=True)
-time.sleep(3600)
+sys.stdin.read()  # the transaction stays open until killed (the test never closes stdin)
 """
 
 
@@ -142,7 +142,8 @@ def test_a_store_whose_writer_was_killed_mid_transaction_is_checked_and_read_as_
     runs.mkdir()
     run_id = make_store(runs)
     database = runs / "mlflow.db"
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(database)], cwd=ROOT_DIR, stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", KILLED_MID_WRITE, str(database)]
+    writer = subprocess.Popen(argv, cwd=ROOT_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert writer.stdout.readline().strip() == "in"
     writer.kill()
     writer.wait()
