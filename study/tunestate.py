@@ -4,10 +4,11 @@ Ray Tune snapshots a study's state (``experiment_state-*.json``, the searcher's 
 ``searcher-state-*.pkl``, ...) into the experiment folder under ``--storage-path`` by copying them from the driver,
 not atomically. A full disk cuts them short, and ``Tuner.restore`` then fails on the torn JSON. So, during a
 study, ``KeepTuneState`` (a Tune callback of the driver) copies each new snapshot whose files all read back into
-``<experiment>/.last-good/`` (atomically, file by file; a copy that fails on a full disk leaves the previous
-one); before a resume, ``recover`` puts that copy back in place of torn files (kept as ``*.torn``). A resume from
-a slightly older snapshot loses nothing: trials continue from their checkpoints, the records skip the epochs they
-already hold, and the Optuna journal keeps what was told.
+``<experiment>/.last-good/``, atomically, file by file; a copy that fails on a full disk leaves the previous one.
+A snapshot is the newest file of each kind, the one Tune restores from: a resumed study's older files stay in the
+folder but are not copied again at each new snapshot. Before a resume, ``recover`` puts that copy back in place of
+torn files (kept as ``*.torn``). A resume from a slightly older snapshot loses nothing: trials continue from their
+checkpoints, the records skip the epochs they already hold, and the Optuna journal keeps what was told.
 
 A full disk also stops the study before it tears more: ``KeepTuneState`` looks at the free space of the study's
 folders (the experiment folder and the runs folder) every ``watch_every_s`` and raises ``DiskFull`` (an ``OSError``,
@@ -60,6 +61,12 @@ def state_files(folder: Path) -> list[Path]:
     return sorted(path for pattern in STATE_PATTERNS for path in folder.glob(pattern))
 
 
+def snapshot_files(folder: Path) -> list[Path]:
+    """The state files Tune restores from: the newest of each kind in ``folder`` (Tune names each by its driver's
+    session, a timestamp, and reads the greatest name). A resumed study's older files stay beside them, unread."""
+    return sorted(max(found) for pattern in STATE_PATTERNS if (found := list(folder.glob(pattern))))
+
+
 def readable(path: Path) -> bool:
     """Whether a state file reads back whole: JSON parses (a large one: starts with '{' and ends with '}'), a pickle
     loads (Tune writes its searchers' state as pickles, whatever the file's suffix)."""
@@ -79,7 +86,7 @@ def readable(path: Path) -> bool:
 def keep_good_state(experiment_dir: str) -> bool:
     """Copies the experiment's state files into ``.last-good/`` when every one reads back; True when copied."""
     folder = Path(experiment_dir)
-    files = state_files(folder)
+    files = snapshot_files(folder)
     if not files or not all(readable(path) for path in files):
         return False
     good = folder / GOOD
@@ -100,7 +107,7 @@ def keep_good_state(experiment_dir: str) -> bool:
 def whole(experiment_dir: str) -> bool:
     """Whether Tune can restore the experiment: its state files read back, or a good copy of them does."""
     folder = Path(experiment_dir)
-    current, copies = state_files(folder), state_files(folder / GOOD) if (folder / GOOD).is_dir() else []
+    current, copies = snapshot_files(folder), state_files(folder / GOOD) if (folder / GOOD).is_dir() else []
     return any(all(readable(path) for path in files) for files in (current, copies) if files)
 
 
@@ -126,7 +133,7 @@ def recover(experiment_dir: str) -> list[str]:
     """
     folder = Path(experiment_dir)
     good = folder / GOOD
-    torn = [path for path in state_files(folder) if not readable(path)]
+    torn = [path for path in snapshot_files(folder) if not readable(path)]
     copies = state_files(good) if good.is_dir() else []
     if not torn or not copies or not all(readable(path) for path in copies):
         return []
@@ -164,7 +171,7 @@ class KeepTuneState:
             check_space(getattr(self, "watched", (self.experiment_dir,)))
         if not force and time.monotonic() - self.last_try < self.every_s:
             return
-        files = state_files(Path(self.experiment_dir))
+        files = snapshot_files(Path(self.experiment_dir))
         if not files:  # Tune has not written its first snapshot: look again at the next step
             return
         self.last_try = time.monotonic()

@@ -46,3 +46,18 @@ def test_without_a_good_copy_a_torn_state_is_not_called_resumable(tmp_path):
     (tmp_path / "before-the-first-snapshot").mkdir()
     assert tunestate.resumable(str(tmp_path / "before-the-first-snapshot")) is True  # --resume starts its trials afresh
     assert tunestate.resumable(str(tmp_path / "never-started")) is False  # no experiment folder: --resume refuses it
+
+
+def test_a_resumed_studys_older_snapshot_is_not_copied_again(tmp_path):
+    """Tune restores from the greatest name of each kind; a resumed driver writes its snapshot under a new session's
+    name beside the first driver's, which stays (113 MB at 5,000 trials). Only the newest is copied."""
+    write_state(tmp_path, "2026-11-26_10-00-00", 3)
+    write_state(tmp_path, "2026-11-26_11-00-00", 5)
+    assert tunestate.keep_good_state(str(tmp_path)) is True
+    copies = sorted(p.name for p in (tmp_path / ".last-good").iterdir())
+    assert copies == ["experiment_state-2026-11-26_11-00-00.json", "search_gen_state-2026-11-26_11-00-00.json"]
+    (tmp_path / "experiment_state-2026-11-26_11-00-00.json").write_text('{"trial_data": [[{"id": 0')  # the newest torn
+    assert tunestate.keep_good_state(str(tmp_path)) is False  # the older, whole one is not what Tune would restore
+    assert tunestate.recover(str(tmp_path)) == ["experiment_state-2026-11-26_11-00-00.json"]
+    restored = json.loads((tmp_path / "experiment_state-2026-11-26_11-00-00.json").read_text())
+    assert len(restored["trial_data"]) == 5
