@@ -84,7 +84,8 @@ def readable(path: Path) -> bool:
 
 
 def keep_good_state(experiment_dir: str) -> bool:
-    """Copies the experiment's state files into ``.last-good/`` when every one reads back; True when copied."""
+    """Copies the experiment's snapshot (``snapshot_files``) into ``.last-good/`` when every file reads back; True when
+    copied. Copies of an older snapshot left there are removed."""
     folder = Path(experiment_dir)
     files = snapshot_files(folder)
     if not files or not all(readable(path) for path in files):
