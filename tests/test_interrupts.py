@@ -35,6 +35,16 @@ def test_first_signal_while_fitting_asks_ray_tune_to_stop_gracefully():
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_each_handled_signal_outside_a_fit_raises_naming_itself(signum):
+    """study.final trains its seeds outside any graceful or deferred block: each of the three signals raises there,
+    named, with exit status 128 + its number (tests/test_final.py stops a real study.final with two of them)."""
+    with pytest.raises(StudyInterrupted) as raised:
+        with StopSignals().installed():
+            signal.raise_signal(signum)
+    assert (signal_name(raised.value), exit_code(raised.value)) == (signal.Signals(signum).name, 128 + signum)
+
+
 def test_second_signal_raises_at_once():
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)
     try:

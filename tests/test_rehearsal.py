@@ -11,7 +11,7 @@ from study import launch
 from study.record import StudyRecord
 from tests.conftest import epochs_recorded
 from tests.test_launch import study_records
-from tests.test_resume import epochs_logged, run_and_kill, run_driver
+from tests.test_resume import FREQUENT_SNAPSHOTS, epochs_logged, run_and_kill, run_driver
 
 pytestmark = pytest.mark.slow
 
@@ -70,10 +70,10 @@ def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_co
     """Ray Tune's state files cut short (as a full disk leaves them: experiment state cut mid-file, the searcher's
     state empty) no longer make a study unresumable: --resume puts back the last good copy and finishes the study."""
     runs = tmp_path / "runs"
-    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env = {**os.environ, "DML_RUNS_DIR": str(runs), **FREQUENT_SNAPSHOTS}
     env.pop("MLFLOW_TRACKING_URI", None)
     experiment, good = runs / "ray" / "torn", runs / "ray" / "torn" / ".last-good"
-    start = ["--rehearse", "1", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "6", "--epochs", "16", "--study-name", "torn"]
+    start = ["--rehearse", "0.25", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "6", "--epochs", "16", "--study-name", "torn"]
     run_and_kill(
         [*start, "--confirm-budget", "0"],
         env,

@@ -51,11 +51,18 @@ def run_driver(argv: list[str], env: dict, timeout: float = 600) -> subprocess.C
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
 
 
+# Ray Tune snapshots a study's state at most every 10 s by default (its "auto" period; the environment variable is Ray
+# Tune's own setting). Tests that kill a rehearsal once its snapshot holds a trial mid-way ask for a snapshot every
+# second, so that its trials need not sleep through 10 s windows: the same resume, on shorter surrogate epochs.
+FREQUENT_SNAPSHOTS = {"TUNE_GLOBAL_CHECKPOINT_S": "1"}
+
+
 def run_and_kill(argv: list[str], env: dict, until) -> None:
-    """Start study.launch, SIGKILL it (and the local Ray it started) once ``until()`` holds."""
+    """Start study.launch, SIGKILL it (and the local Ray it started) once ``until()`` holds (a driver that ends
+    before that fails the wait at once)."""
     driver = start_driver(argv, env, output=subprocess.DEVNULL)
     try:
-        wait_for(until, 900, "the study to make progress")
+        wait_for(until, 900, "the study to make progress", process=driver)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -140,9 +147,10 @@ def test_sigkill_mid_race_then_resume_continues_the_race_without_retraining_a_fi
     are not trained again."""
     runs = tmp_path / "runs"
     (tmp_path / "tie.yaml").write_text(TIE)
-    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env = {**os.environ, "DML_RUNS_DIR": str(runs), **FREQUENT_SNAPSHOTS}
     env.pop("MLFLOW_TRACKING_URI", None)
-    start = ["--rehearse", "1", "--ray-cpus", "2", "--space", str(tmp_path / "tie.yaml"), "--num-samples", "3", "--grace-period", "8"]
+    # 0.5 s epochs: a re-run of 8 spends 2 s with 1 to 4 epochs done, over 2 of Tune's snapshots; 3 slots: a round at once
+    start = ["--rehearse", "0.5", "--ray-cpus", "3", "--space", str(tmp_path / "tie.yaml"), "--num-samples", "3", "--grace-period", "8"]
     start += ["--study-name", "race", "--confirm-top", "3", "--confirm-budget", "10", "--checkpoint-every", "0"]
     run_and_kill(start, env, lambda: snapshot_has_a_running_trial(runs / "ray" / "race", 8, re_run=True, fold=2))
     out = run_driver(["--study-name", "race", "--resume", "--checkpoint-every", "0"], env)
