@@ -48,18 +48,68 @@ BOUNDARIES = [
 ]
 
 
-def loaded(module: str, forbidden: tuple[str, ...]) -> list[str]:
-    """Which of ``forbidden`` a fresh interpreter has loaded after ``import module``."""
-    script = f"import json, sys, {module}\nprint(json.dumps([m for m in {forbidden!r} if m in sys.modules]))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+# Loaded, where a boundary allows them and what they import, before the modules under test are imported: the libraries
+# whose own import takes seconds. The check fails if a preloaded one loads something forbidden, or starts a thread
+# (the check forks after them).
+PRELOAD = {"torch": (), "torchvision": ("torch",), "optuna": (), "mlflow": (), "ray.tune": ("ray",)}
+
+CHECK = """
+import json, os, sys, threading
+modules, forbidden, preload = json.loads(sys.argv[1])
+for name in preload:
+    __import__(name)
+early = [m for m in forbidden if m in sys.modules] + [t.name for t in threading.enumerate()][1:]
+if early:
+    print(json.dumps({"preloaded": early}))
+    sys.exit(0)
+found = {}
+for module in modules:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child imports one module and reports what it loaded
+        os.close(read)
+        try:
+            __import__(module)
+            hits = [m for m in forbidden if m in sys.modules]
+        except BaseException as error:
+            hits = ["import failed: " + repr(error)]
+        os.write(write, json.dumps(hits).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        found[module] = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+print(json.dumps(found))
+"""
+
+
+def loaded(modules: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    """Which of ``forbidden`` each module loads: a fresh interpreter loads the PRELOAD libraries ``forbidden`` allows,
+    then imports each module in a child of its own (a fork, so one module's imports never hide another's)."""
+    preload = [name for name, needs in PRELOAD.items() if not {name, *needs} & set(forbidden)]
+    argv = [sys.executable, "-c", CHECK, json.dumps([modules, forbidden, preload])]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "preloaded" not in found, f"importing {preload} alone loads or starts {found.get('preloaded')}: take it out of PRELOAD"
+    return found
+
+
+@pytest.fixture(scope="module")
+def boundaries_loaded() -> dict[str, list[str]]:
+    """Each module of BOUNDARIES: the forbidden libraries it loads (one interpreter per distinct boundary)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for module, forbidden in BOUNDARIES:
+        groups.setdefault(forbidden, []).append(module)
+    return {module: hits for forbidden, modules in groups.items() for module, hits in loaded(modules, forbidden).items()}
 
 
 @pytest.mark.parametrize(("module", "forbidden"), BOUNDARIES, ids=[m for m, _ in BOUNDARIES])
-def test_a_module_imports_none_of_what_its_boundary_forbids(module, forbidden):
-    assert loaded(module, forbidden) == []
+def test_a_module_imports_none_of_what_its_boundary_forbids(boundaries_loaded, module, forbidden):
+    assert boundaries_loaded[module] == []
 
 
 def test_the_boundary_check_sees_an_import():
-    """The check itself: a module that does import torch is caught."""
-    assert loaded("trainables.core.engine", ("torch",)) == ["torch"]
+    """The check itself: a module that does import torch is caught, and so is one whose import fails."""
+    found = loaded(["trainables.core.engine", "study.no_such_module"], ("torch", *FRAMEWORKS))
+    assert found["trainables.core.engine"] == ["torch"]
+    assert found["study.no_such_module"][0].startswith("import failed: ModuleNotFoundError"), found
