@@ -102,10 +102,12 @@ def test_a_library_that_raises_its_own_keyboard_interrupt_for_the_signal_still_n
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "whole_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, whole_group):
-    """Ctrl-C reaches the whole process group (the driver and its Ray); SIGTERM only the driver."""
+    """Ctrl-C reaches the whole process group (the driver and its Ray); SIGTERM only the driver. A rehearsal: the
+    driver's stop and resume are under test (train_dml's own checkpoints and resume: tests/test_resume.py)."""
     env = {**os.environ, "DML_RUNS_DIR": str(runs)}
     name = "stopped"
-    argv = ["--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6", "--confirm-budget", "0", "--study-name", name]
+    argv = ["--rehearse", "0.5", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6"]
+    argv += ["--confirm-budget", "0", "--study-name", name]
     argv += ["--checkpoint-every", "0"]  # a checkpoint every epoch: the signal comes once the first is on disk
     driver = start_driver(argv, env)
     try:
