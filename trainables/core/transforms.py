@@ -1,6 +1,8 @@
 """Images as tensors: the training jitter and evaluation resize of ``data.ImageSet`` s, and batches for serving.
 
-Kept apart from ``data`` so that reading and checking a dataset (a study's driver does) needs no torch.
+Kept apart from ``data`` so that reading and checking a dataset (a study's driver does) needs no torch. Torchvision
+is imported by the image-by-image transforms only (:func:`train_transform`, :func:`eval_transform`): the batch-wise
+paths (characters, the decoded cache) never load it, and a trial's worker starts without its 3 s of imports.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.nn import functional as nn_functional
-from torchvision.transforms import v2
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, ImageSet, source_size
 
@@ -69,6 +70,8 @@ def train_transform(kind: str, image_size: int, strength: float = 1.0) -> Callab
     """
     if strength == 0:
         return eval_transform(kind, image_size)
+    from torchvision.transforms import v2  # here, not at import: a trial training batch-wise never loads torchvision
+
     mean, std = normalization_stats(kind)
     if kind == "characters":
         j = character_jitter(strength)
@@ -81,6 +84,8 @@ def train_transform(kind: str, image_size: int, strength: float = 1.0) -> Callab
 
 def eval_transform(kind: str, image_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Resize (+ centre crop for photos, from 256/224 of the size as in the papers)."""
+    from torchvision.transforms import v2  # as in train_transform
+
     mean, std = normalization_stats(kind)
     if kind == "characters":
         steps = [v2.Resize((image_size, image_size), antialias=True)]
