@@ -6,7 +6,7 @@ command reads (the study's record, the recorder, the spool, a trial's rules, the
 study.sync, study.report and the recorder's writer start without it; the study's record, the inputs and a
 trial's rules import no MLflow either; trainables.core imports none of Ray, Optuna or MLflow; the surrogate
 trainable imports no torch, so a rehearsal fits 64 workers on one machine; the engine imports no torchvision at import
-(a trial's worker starts 3 s sooner; trainables.core.transforms and models load it where it is used). tests/test_final.py checks the
+(trainables.core.transforms and models load it where it is used; characters train without it). tests/test_final.py checks the
 drivers' entry points and the trial worker the same way.
 """
 

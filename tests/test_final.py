@@ -94,8 +94,9 @@ def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
 def test_a_trial_worker_imports_no_scikit_learn_and_no_torchvision():
     """The trainable (what every new trial worker imports before its first epoch) leaves scikit-learn and scipy out:
     they took 1.1 to 1.9 s of a worker's start for one NMI per evaluation, which metrics computes itself. Torchvision
-    too (1.7 s, most of it the torch._dynamo its ops import): only a pretrained backbone and the image-by-image path
-    (photos without a decoded cache, serving) load it, when they run; characters train batch-wise without it."""
+    too (its models and ops, 0.4 s of a worker's start: the torch._dynamo they import comes with torch's optimizers
+    anyway): only a pretrained backbone and the image-by-image path (photos without a decoded cache, serving) load
+    it, when they run; characters train batch-wise without it."""
     assert loaded_after("import trainables.dml", ("sklearn", "scipy", "torchvision"))[0] == []
 
 
