@@ -562,7 +562,7 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
     from its last checkpoint (epoch 1: the failing epoch was never reported). Without one it fails, its error kept:
     test_a_study_where_every_trial_fails_exits_1_and_says_why."""
     monkeypatch.setenv("DML_INJECT_FAULT_AT_EPOCH", "2")
-    name, max_failures = "flaky", 1
+    name = "flaky"
     code = launch.main(
         [
             "--space",
@@ -576,7 +576,7 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
             "--study-name",
             name,
             "--max-failures",
-            str(max_failures),
+            "1",
             "--checkpoint-every",  # every epoch: the retry continues from epoch 1
             "0",
             "--confirm-budget",  # the search's trials are under test; no second Tuner of confirmation runs
