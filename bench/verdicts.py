@@ -123,6 +123,17 @@ def reproducibility(picks: Sequence[tuple[str, bool]]) -> dict[str, Any]:
     return {"runs": len(picks), "judgement": judgement, "distinct": distinct}
 
 
+def leading_same(first: Sequence[Any], other: Sequence[Any]) -> int:
+    """How many leading items ``other`` shares with ``first``: the trials two runs proposed (or ended) alike before they
+    went apart."""
+    count = 0
+    for a, b in zip(first, other):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
 def called_clear(selection: dict[str, Any] | None) -> bool:
     """Whether a study's selection record (study.selection.selection_record) says its pick is clear."""
     return bool(selection) and str(selection.get("verdict", "")).startswith("clear")
@@ -282,6 +293,21 @@ def optuna_pick(folder: Path, name: str) -> tuple[int | None, dict[str, Any], di
     return number, config, study.user_attrs.get("selection")
 
 
+def trial_sequence(folder: Path, name: str) -> dict[str, list]:
+    """The study's Optuna trials in number order: ``proposals``, each trial's searched params (the sampler's
+    proposal, as sorted JSON), and ``outcomes``, each one's state and value (rounded to 6 digits)."""
+    import optuna
+
+    from study.search import open_storage
+
+    study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{folder / 'optuna' / 'journal.log'}"))
+    trials = sorted(study.trials, key=lambda t: t.number)
+    return {
+        "proposals": [json.dumps(t.params, sort_keys=True, default=str) for t in trials],
+        "outcomes": [[t.state.name, None if t.value is None else round(t.value, 6)] for t in trials],
+    }
+
+
 def read_study(run: Run, folder: Path) -> dict[str, Any]:
     """What the benchmark reports of one study and its final, read from its MLflow parent run and Optuna journal."""
     parent = parent_run(folder, run.name)
@@ -295,6 +321,7 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
         "confirmation_runs": metrics.get("confirmation_runs"), "picked_trial": number, "config": config,
         "pick_mean": metrics.get(f"best_mean_{parent.data.params.get('metric', 'val_recall_at_1')}"), "selection": selection,
         "test": tests, "test_std": spreads, "final_time_per_seed_s": metrics.get("final_time_per_seed_s_mean"),
+        **trial_sequence(folder, run.name),
     }  # fmt: skip
 
 
@@ -347,7 +374,10 @@ def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     result_file = folder / RESULT_FILE
     if result_file.is_file():
         print(f"kept: {run.name} (its results: {result_file})", flush=True)
-        return with_words(json.loads(result_file.read_text()))
+        kept = json.loads(result_file.read_text())
+        if "proposals" not in kept:  # kept by a version of the bench that did not read them
+            kept.update(trial_sequence(folder, run.name))
+        return with_words(kept)
     if folder.exists() and not (folder / "launch.done.json").is_file():
         set_aside(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -366,6 +396,7 @@ def summarize(results: list[dict[str, Any]], repeat_seed: int) -> dict[str, Any]
     won; over the runs of ``repeat_seed``: the reproducibility judgement."""
     firsts = [r for r in results if r["repeat"] == 1]
     repeats = [r for r in results if r["seed"] == repeat_seed]
+    first = repeats[0] if repeats else {}
     return {
         "seeds": [r["seed"] for r in firsts],
         "test": {key: spread_and_mean([r["test"][key] for r in firsts]) for key in TESTS},
@@ -374,6 +405,9 @@ def summarize(results: list[dict[str, Any]], repeat_seed: int) -> dict[str, Any]
         "repeats": {
             "seed": repeat_seed, "studies": [r["study"] for r in repeats],
             **reproducibility([(r["config_identity"], r["clear"]) for r in repeats]),
+            "same_first_proposals": [leading_same(first.get("proposals", []), r.get("proposals", [])) for r in repeats[1:]],
+            "same_first_outcomes": [leading_same(first.get("outcomes", []), r.get("outcomes", [])) for r in repeats[1:]],
+            "trials": [len(r.get("proposals", [])) for r in repeats],
         },
     }  # fmt: skip
 
@@ -426,6 +460,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"- repeats of sampler seed {rep['seed']} ({', '.join(rep['studies'])}): {rep['judgement']}: {meaning[rep['judgement']]} "
             f"({rep['distinct']} distinct configuration(s) in {rep['runs']} runs)"
         )
+        for study, proposed, ended in zip(rep["studies"][1:], rep.get("same_first_proposals", []), rep.get("same_first_outcomes", [])):
+            lines.append(
+                f"  - {study} proposed the same first {proposed} trials as {rep['studies'][0]} (of {rep['trials'][0]}), "
+                f"and the first {ended} ended alike (state and value)"
+            )
     return lines
 
 

@@ -141,7 +141,34 @@ def test_summarize_uses_the_first_run_of_each_seed_and_judges_the_repeats():
     assert summary["test"]["recall_at_1"]["spread"] == pytest.approx(0.02)
     assert summary["wall_time_s"]["mean"] == pytest.approx(150.0)
     assert summary["families"]["most"] == ["ICE", "heated softmax"]
-    assert summary["repeats"] == {"seed": 0, "studies": ["s0r1", "s0r2"], "runs": 2, "judgement": verdicts.TIE, "distinct": 2}
+    assert summary["repeats"] == {
+        "seed": 0, "studies": ["s0r1", "s0r2"], "runs": 2, "judgement": verdicts.TIE, "distinct": 2,
+        "same_first_proposals": [0], "same_first_outcomes": [0], "trials": [0, 0],
+    }  # fmt: skip
+
+
+def test_leading_same_counts_the_trials_two_runs_share_before_they_part():
+    assert verdicts.leading_same(["a", "b", "c", "d"], ["a", "b", "x", "d"]) == 2  # the same 4th does not count
+    assert verdicts.leading_same(["a", "b"], ["a", "b", "c"]) == 2
+    assert verdicts.leading_same(["a"], ["b"]) == 0
+    assert verdicts.leading_same([], ["a"]) == 0
+
+
+def test_the_repeats_say_how_many_first_trials_each_run_proposed_and_ended_as_the_first_run():
+    def result(repeat, proposals, outcomes):
+        return {"study": f"r{repeat}", "seed": 0, "repeat": repeat, "test": dict.fromkeys(verdicts.TESTS), "wall_time_s": None,
+                "family": "ICE", "config_identity": "a", "clear": False, "proposals": proposals, "outcomes": outcomes}  # fmt: skip
+
+    first = result(1, ["p", "q", "r"], [["COMPLETE", 0.9], ["PRUNED", 0.5], ["COMPLETE", 0.8]])
+    second = result(2, ["p", "q", "s"], [["COMPLETE", 0.9], ["COMPLETE", 0.7], ["COMPLETE", 0.6]])  # q ended otherwise
+    third = result(3, ["p", "q", "r"], [["COMPLETE", 0.9], ["PRUNED", 0.5], ["COMPLETE", 0.8]])
+    repeats = verdicts.summarize([first, second, third], repeat_seed=0)["repeats"]
+    assert repeats["same_first_proposals"] == [2, 3] and repeats["same_first_outcomes"] == [1, 3] and repeats["trials"] == [3, 3, 3]
+    lines = verdicts.summary_lines({"seeds": [0], "test": {k: verdicts.spread_and_mean([]) for k in verdicts.TESTS},
+                                    "wall_time_s": verdicts.spread_and_mean([]), "families": verdicts.family_counts(["ICE"]),
+                                    "repeats": repeats})  # fmt: skip
+    assert "  - r2 proposed the same first 2 trials as r1 (of 3), and the first 1 ended alike (state and value)" in lines
+    assert "  - r3 proposed the same first 3 trials as r1 (of 3), and the first 3 ended alike (state and value)" in lines
 
 
 def test_config_identity_ignores_the_keys_that_do_not_change_training():
