@@ -140,7 +140,8 @@ def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
     a(
         "--max-concurrent",
         type=int,
-        help="trials running at once (default: as many as the cluster's CPUs and GPUs hold at --cpus-per-trial / --gpus-per-trial)",
+        help="trials running at once (default: as many as the cluster's CPUs and GPUs hold at --cpus-per-trial / --gpus-per-trial); "
+        "1, with --cpus-per-trial set to the cores, repeats a seeded study on the same machine (README: What a sampler seed fixes)",
     )
     a("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial (default 1); torch uses that many threads")
     a("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; fractions pack several trials on one GPU (default 0)")
