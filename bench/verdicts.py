@@ -281,26 +281,25 @@ def test_metric_keys() -> dict[str, str]:
     return {key: f"final_{metric}_mean" for key, metric in names.items()}
 
 
-def optuna_pick(folder: Path, name: str) -> tuple[int | None, dict[str, Any], dict[str, Any] | None]:
-    """(picked Optuna trial, its config, the selection record) from the study's Optuna journal."""
+def optuna_study(folder: Path, name: str):
+    """Study ``name`` from the Optuna journal of its runs folder (loaded once per study: it is read whole)."""
     import optuna
 
     from study.search import open_storage
 
-    study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{folder / 'optuna' / 'journal.log'}"))
+    return optuna.load_study(study_name=name, storage=open_storage(f"journal:{folder / 'optuna' / 'journal.log'}"))
+
+
+def optuna_pick(study) -> tuple[int | None, dict[str, Any], dict[str, Any] | None]:
+    """(picked Optuna trial, its config, the selection record) of an Optuna study."""
     number = study.user_attrs.get("picked_trial")
     config = study.trials[number].user_attrs.get("config", {}) if number is not None else {}
     return number, config, study.user_attrs.get("selection")
 
 
-def trial_sequence(folder: Path, name: str) -> dict[str, list]:
-    """The study's Optuna trials in number order: ``proposals``, each trial's searched params (the sampler's
+def trial_sequence(study) -> dict[str, list]:
+    """An Optuna study's trials in number order: ``proposals``, each trial's searched params (the sampler's
     proposal, as sorted JSON), and ``outcomes``, each one's state and value (rounded to 6 digits)."""
-    import optuna
-
-    from study.search import open_storage
-
-    study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{folder / 'optuna' / 'journal.log'}"))
     trials = sorted(study.trials, key=lambda t: t.number)
     return {
         "proposals": [json.dumps(t.params, sort_keys=True, default=str) for t in trials],
@@ -312,7 +311,8 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
     """What the benchmark reports of one study and its final, read from its MLflow parent run and Optuna journal."""
     parent = parent_run(folder, run.name)
     metrics = parent.data.metrics
-    number, config, selection = optuna_pick(folder, run.name)
+    study = optuna_study(folder, run.name)
+    number, config, selection = optuna_pick(study)
     tests = {key: metrics.get(metric) for key, metric in test_metric_keys().items()}
     spreads = {key: metrics.get(metric.removesuffix("_mean") + "_std") for key, metric in test_metric_keys().items()}
     return {
@@ -321,7 +321,7 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
         "confirmation_runs": metrics.get("confirmation_runs"), "picked_trial": number, "config": config,
         "pick_mean": metrics.get(f"best_mean_{parent.data.params.get('metric', 'val_recall_at_1')}"), "selection": selection,
         "test": tests, "test_std": spreads, "final_time_per_seed_s": metrics.get("final_time_per_seed_s_mean"),
-        **trial_sequence(folder, run.name),
+        **trial_sequence(study),
     }  # fmt: skip
 
 
@@ -376,7 +376,7 @@ def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         print(f"kept: {run.name} (its results: {result_file})", flush=True)
         kept = json.loads(result_file.read_text())
         if "proposals" not in kept:  # kept by a version of the bench that did not read them
-            kept.update(trial_sequence(folder, run.name))
+            kept.update(trial_sequence(optuna_study(folder, run.name)))
         return with_words(kept)
     if folder.exists() and not (folder / "launch.done.json").is_file():
         set_aside(folder)
