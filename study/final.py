@@ -61,7 +61,7 @@ from trainables.core.data import (
     image_size_for,
     load_dataset,
 )
-from trainables.core.engine import Run, TrainingDiverged, build_model, default_device, embed, fit
+from trainables.core.engine import Run, TrainingDiverged, build_model, default_device, fit
 from trainables.core.models import WeightsError
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochRep
     run = fit(config, report, mode="final", splits=splits, device=device, eval_every=config.epochs, num_workers=job.num_workers)
     elapsed = time.perf_counter() - started
     test = {k: v for k, v in run.metrics.items() if k.startswith("test_")}
-    embeddings = embed(run.model, run.eval_set, run.image_size, run.device, plan=run.plan).numpy()
+    embeddings = run.embeddings.queries.numpy()  # the final evaluation's: fit evaluates after the last epoch
     positive, negative = pair_similarities(embeddings, run.eval_set.labels, seed=config.seed)
     with tempfile.TemporaryDirectory() as tmp:
         histogram = similarity_histogram(
@@ -272,10 +272,11 @@ TRAINING_STATE = ("optimizer", "rng", "sampler", "loss")  # what a run's bundle 
 def embedding_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> tuple[Path, Path]:
     """The retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings`` (the test set's).
 
-    ``study.report`` shows both; neighbours come from the gallery where the dataset has one.
+    ``study.report`` shows both; neighbours come from the gallery where the dataset has one (its embeddings: the
+    run's final evaluation's, as the queries').
     """
     seed, queries_set, gallery = run.config.seed, run.eval_set, run.gallery
-    gallery_embeddings = None if gallery is None else embed(run.model, gallery, run.image_size, run.device, plan=run.plan).numpy()
+    gallery_embeddings = None if run.embeddings.gallery is None else run.embeddings.gallery.numpy()
     queries, neighbours = retrieval_examples(embeddings, queries_set.labels, seed=seed, gallery_embeddings=gallery_embeddings)
     source = queries_set if gallery is None else gallery
     correct = np.asarray(source.labels)[neighbours] == np.asarray(queries_set.labels)[queries][:, None]

@@ -37,6 +37,17 @@ def omniglot_root() -> Path | None:
     return None
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: a tiny CNN on an oversubscribed CPU is many times slower with several intra-op threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def store_template(tmp_path_factory) -> Path:
     """An MLflow sqlite store as MLflow creates it, before any experiment: made once per test process (its schema

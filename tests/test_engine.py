@@ -18,15 +18,6 @@ from trainables.core import schedule
 from trainables.core.config import TrainConfig
 
 
-@pytest.fixture
-def one_thread():
-    # a tiny CNN on an oversubscribed CPU is many times slower with several intra-op threads
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_fit_is_deterministic_and_resumes(one_thread):
     from trainables.core.data import load_dataset
     from trainables.core.engine import fit

@@ -233,6 +233,15 @@ def embed(
     return torch.cat(out)
 
 
+@dataclass(frozen=True)
+class Embeddings:
+    """An evaluation's embeddings, float32 on the CPU: ``queries`` (N, D) of the evaluated images, ``gallery`` (M, D)
+    of the gallery where the dataset has one."""
+
+    queries: torch.Tensor
+    gallery: torch.Tensor | None = None
+
+
 def evaluate(
     model: nn.Module,
     images: ImageSet,
@@ -247,8 +256,9 @@ def evaluate(
     one_shot_ways: int = 0,
     plan: PrecisionPlan = FULL_PRECISION,
     loaders: EvalLoaders | None = None,
-) -> dict[str, float]:
-    """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``).
+) -> tuple[dict[str, float], Embeddings]:
+    """Retrieval and clustering metrics of ``model`` on ``images`` (query/gallery with ``gallery``), and the
+    embeddings they were computed on (a caller that draws or records them needs no second pass over the images).
 
     Keys carry ``prefix``: ``{prefix}_recall_at_1``, ``{prefix}_nmi``, ``{prefix}_map_at_r``, ...
     With ``one_shot_ways`` (self-retrieval only) also ``{prefix}_one_shot_error_{ways}way``:
@@ -256,12 +266,10 @@ def evaluate(
     """
     loaders = loaders or EvalLoaders(image_size, device, num_workers)
     queries = embed(model, images, image_size, device, plan=plan, loaders=loaders)
+    embedded = Embeddings(queries, None if gallery is None else embed(model, gallery, image_size, device, plan=plan, loaders=loaders))
     kwargs: dict[str, Any] = {}
     if gallery is not None:
-        kwargs = {
-            "gallery_embeddings": embed(model, gallery, image_size, device, plan=plan, loaders=loaders),
-            "gallery_labels": gallery.labels,
-        }
+        kwargs = {"gallery_embeddings": embedded.gallery, "gallery_labels": gallery.labels}
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
     if one_shot_ways and gallery is None:
         try:
@@ -269,7 +277,7 @@ def evaluate(
             metrics[f"one_shot_error_{one_shot_ways}way"] = error
         except ValueError as too_few:  # fewer classes (per alphabet) than ways: the metric does not exist here
             log.info("%s_one_shot_error_%dway not computed: %s", prefix, one_shot_ways, too_few)
-    return {f"{prefix}_{name}": value for name, value in metrics.items()}
+    return {f"{prefix}_{name}": value for name, value in metrics.items()}, embedded
 
 
 @dataclass
@@ -293,6 +301,7 @@ class Run:
     scaler: torch.amp.GradScaler | None = None  # precision fp16's
     epoch: int = 0  # epochs completed
     metrics: dict[str, float] = field(default_factory=dict)  # of the last epoch
+    embeddings: Embeddings | None = None  # of the last evaluation (not in the bundle)
 
     def bundle(self) -> dict[str, Any]:
         return {
@@ -463,21 +472,20 @@ def fit(
         if run.epoch % eval_every == 0 or run.epoch == config.epochs:
             tick = time.perf_counter()
             fit_reduction(run, eval_loaders)
-            metrics.update(
-                evaluate(
-                    run.model,
-                    run.eval_set,
-                    run.image_size,
-                    run.device,
-                    prefix=run.prefix,
-                    ks=run.recall_ks,
-                    gallery=run.gallery,
-                    seed=config.seed,
-                    loaders=eval_loaders,
-                    one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
-                    plan=run.plan,
-                )
+            scores, run.embeddings = evaluate(
+                run.model,
+                run.eval_set,
+                run.image_size,
+                run.device,
+                prefix=run.prefix,
+                ks=run.recall_ks,
+                gallery=run.gallery,
+                seed=config.seed,
+                loaders=eval_loaders,
+                one_shot_ways=ONE_SHOT_WAYS if mode == "final" else 0,
+                plan=run.plan,
             )
+            metrics.update(scores)
             metrics["time/eval_s"] = time.perf_counter() - tick
         metrics["time/epoch_s"] = time.perf_counter() - started
         if not math.isfinite(metrics["train_loss"]):
