@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from sklearn.decomposition import PCA
 
-from tests.test_engine import one_thread  # noqa: F401 (the fixture: a tiny CNN on a shared CPU runs faster on one thread)
 from trainables.core.checkpoint import load_bundle, save_bundle
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 from trainables.core.models import EmbeddingNet, PCAReduction

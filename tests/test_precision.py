@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from tests.test_engine import one_thread  # noqa: F401  (the fixture)
 from trainables.core.config import ConfigError, TrainConfig
 
 
