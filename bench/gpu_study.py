@@ -108,8 +108,8 @@ def study_row(args: argparse.Namespace, packed: int, work: Path) -> dict:
     launch += ["--gpus-per-trial", f"{1 / packed:g}"] if not args.allow_cpu else ["--ray-cpus", str(cpus * packed)]
     with GpuSampler() as gpu:
         code, wall, output = run_logged(launch, work, Path(args.log_dir) / f"{name}.log")
-    row = {"packed": packed, "cpus_per_trial": cpus, "launch_exit": code, "launch_s": wall, **gpu.summary(0, 0)}
-    row.pop("util_steady"), row.pop("steady_samples")
+    whole = {k: v for k, v in gpu.summary(0, 0).items() if k in ("util_mean", "util_samples", "mem_max_mib")}  # no steady window
+    row = {"packed": packed, "cpus_per_trial": cpus, "launch_exit": code, "launch_s": wall, **whole}
     if (summary := SUMMARY.search(output)) is not None:
         row.update({k: int(v) for k, v in summary.groupdict().items()})
         row["epochs_per_s"] = row["epochs"] / max(row["wall"], 1)
