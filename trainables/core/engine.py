@@ -266,10 +266,8 @@ def evaluate(
     """
     loaders = loaders or EvalLoaders(image_size, device, num_workers)
     queries = embed(model, images, image_size, device, plan=plan, loaders=loaders)
-    embedded = Embeddings(queries, None if gallery is None else embed(model, gallery, image_size, device, plan=plan, loaders=loaders))
-    kwargs: dict[str, Any] = {}
-    if gallery is not None:
-        kwargs = {"gallery_embeddings": embedded.gallery, "gallery_labels": gallery.labels}
+    found = None if gallery is None else embed(model, gallery, image_size, device, plan=plan, loaders=loaders)
+    kwargs: dict[str, Any] = {} if gallery is None else {"gallery_embeddings": found, "gallery_labels": gallery.labels}
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
     if one_shot_ways and gallery is None:
         try:
@@ -277,7 +275,7 @@ def evaluate(
             metrics[f"one_shot_error_{one_shot_ways}way"] = error
         except ValueError as too_few:  # fewer classes (per alphabet) than ways: the metric does not exist here
             log.info("%s_one_shot_error_%dway not computed: %s", prefix, one_shot_ways, too_few)
-    return {f"{prefix}_{name}": value for name, value in metrics.items()}, embedded
+    return {f"{prefix}_{name}": value for name, value in metrics.items()}, Embeddings(queries, found)
 
 
 @dataclass
