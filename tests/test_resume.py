@@ -90,13 +90,19 @@ def snapshot_has_a_running_trial(experiment_dir: Path, epochs: int, re_run: bool
 
 
 def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_without_duplicates(tmp_path):
-    """4 trials on 2 slots, then the top 2 re-run with 1 more seed in the same Tuner. The driver (and its Ray) is
-    SIGKILLed while the search trains, resumed, SIGKILLed again while a re-run trains, and resumed to the end."""
+    """4 trials on 2 slots, then the top 2 re-run on another fold. The driver (and its Ray) is SIGKILLed while the
+    search trains, resumed, SIGKILLed again while a re-run trains, and resumed to the end.
+
+    A rehearsal: what is under test is the driver's records and Tune's restore, and the surrogate reports, checkpoints
+    and resumes through train_dml's protocol; its epochs last the same 0.5 s on any machine, so a re-run is caught
+    mid-way on a fast one too. A real trial restored from its checkpoint: test_trial_that_raises_is_retried_from_its_checkpoint.
+    """
     runs = tmp_path / "runs"
-    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    env = {**os.environ, "DML_RUNS_DIR": str(runs), **FREQUENT_SNAPSHOTS}
     env.pop("MLFLOW_TRACKING_URI", None)
-    epochs = 16  # a re-run long enough to be caught in training, whatever the machine's speed
-    start = ["--space", "smoke", "--num-samples", "4", "--max-concurrent", "2", "--epochs", str(epochs), "--grace-period", str(epochs)]
+    epochs = 16  # 0.5 s each: a trial or re-run spends 4 s with 1 to 8 epochs done, over 3 or more of Tune's snapshots
+    start = ["--rehearse", "0.5", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--max-concurrent", "2"]
+    start += ["--epochs", str(epochs), "--grace-period", str(epochs)]
     start += ["--study-name", "killed", "--confirm-top", "2", "--confirm-budget", "0.25"]  # the resumes take these from the study
     start += ["--checkpoint-every", "0"]  # every epoch: a killed trial continues from the epoch it reached
     resume = ["--study-name", "killed", "--resume", "--checkpoint-every", "0"]
