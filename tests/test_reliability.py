@@ -301,6 +301,8 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
         thread.start()
         code = launch.main(
             [
+                "--rehearse",  # the recorder is under test, not the training: surrogate epochs of 0.5 s on any machine
+                "0.5",
                 "--space",
                 str(SMOKE),
                 "--num-samples",
