@@ -12,9 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The suite runs two test files at a time on a 2-core machine (pytest-xdist, pyproject's addopts), as study.launch runs
-# one trial per CPU with one thread each: so torch, faiss and numpy's BLAS get one thread in the test processes and in
-# the drivers and finals they start (set before any of them is imported). With a thread per core in each file, the two
+# The suite runs three test files at a time on a 2-core machine (pytest-xdist, pyproject's addopts), as study.launch
+# runs one trial per CPU with one thread each: so torch, faiss and numpy's BLAS get one thread in the test processes and
+# in the drivers and finals they start (set before any of them is imported). With a thread per core in each file, the
 # files' threads preempt and spin-wait on each other: the five training-heavy files used 20 % more CPU and 12 % more time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
