@@ -39,12 +39,13 @@ class Group:
             if not (mount / file).is_file():
                 continue
             try:
+                home = mount / own_cgroup("cpuacct" if file == "cpuacct.usage" else "").lstrip("/")
                 path = mount / name
                 path.mkdir(exist_ok=True)
                 (path / "cgroup.procs").write_text(str(os.getpid()))
             except OSError:
                 continue
-            self.mount, self.path, self.file, self.unit = mount, path, file, unit
+            self.home, self.path, self.file, self.unit = home, path, file, unit
             return
         raise pytest.UsageError(
             "-p bench.cpu_per_test: no cgroup with CPU accounting this process may join; expected root and cpu.stat (v2) or cpuacct (v1)"
@@ -56,12 +57,22 @@ class Group:
         return value * self.unit
 
     def leave(self) -> None:
-        """Back to the hierarchy's root; the group is removed once nothing is left in it."""
-        (self.mount / "cgroup.procs").write_text(str(os.getpid()))
+        """Back to the cgroup this process was in; the group is removed once nothing is left in it."""
+        (self.home / "cgroup.procs").write_text(str(os.getpid()))
         try:
             self.path.rmdir()
         except OSError:  # a process the tests left running is still in it
             pass
+
+
+def own_cgroup(controller: str) -> str:
+    """This process's cgroup in the v1 hierarchy of ``controller``, or in the v2 one (``""``): /proc/self/cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        mine = controller in controllers.split(",") if controller else controllers == ""
+        if mine:
+            return path
+    raise OSError(f"/proc/self/cgroup: no {controller or 'v2'} hierarchy")
 
 
 _group: Group | None = None
