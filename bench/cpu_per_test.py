@@ -1,10 +1,10 @@
 """CPU-seconds of each test, counting every process it starts (drivers, local Rays, trial workers, servers).
 
-A pytest plugin: each test process (each pytest-xdist worker) moves itself into a cgroup of its own, which the
-processes it starts inherit, and reads the cgroup's CPU time before and after each test (setup and teardown
-included, so a module's shared study counts in its first test). Needs root and a cgroup hierarchy with CPU
-accounting (cgroup v2's cpu.stat, or v1's cpuacct). Wall seconds say little on a loaded machine; CPU-seconds
-say what a test costs whatever runs beside it.
+A pytest plugin: each test process (each pytest-xdist worker) moves itself into a cgroup of its own (a child of
+the one it was in), which the processes it starts inherit, and reads the cgroup's CPU time before and after each
+test (setup and teardown included, so a module's shared study counts in its first test). Needs root and a cgroup
+hierarchy with CPU accounting (cgroup v2's cpu.stat, or v1's cpuacct). Wall seconds say little on a loaded
+machine; CPU-seconds say what a test costs whatever runs beside it.
 
   python -m pytest -p bench.cpu_per_test                    # writes cpu_per_test.jsonl ($CPU_PER_TEST_OUT)
   python bench/cpu_per_test.py cpu_per_test.jsonl --top 30  # the files and tests that cost most, as Markdown
@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
-# where a hierarchy may be mounted, and the file of its CPU time: (mount, file, seconds per unit)
+# where a hierarchy may be mounted, its controller in /proc/self/cgroup ("" for v2), and how to read a group's CPU
+# seconds from the group's folder
+V2 = ("cpu.stat", lambda text: int(text.split("usage_usec")[1].split()[0]) * 1e-6)
 HIERARCHIES = (
-    (Path("/sys/fs/cgroup"), "cpu.stat", 1e-6),  # cgroup v2 alone
-    (Path("/sys/fs/cgroup/unified"), "cpu.stat", 1e-6),  # v2 beside v1
-    (Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage", 1e-9),  # v1
+    (Path("/sys/fs/cgroup"), "", *V2),  # cgroup v2 alone
+    (Path("/sys/fs/cgroup/unified"), "", *V2),  # v2 beside v1
+    (Path("/sys/fs/cgroup/cpuacct"), "cpuacct", "cpuacct.usage", lambda text: int(text) * 1e-9),  # v1
 )
 
 
@@ -35,26 +37,24 @@ class Group:
     """A cgroup of this process (and of what it starts from now on)."""
 
     def __init__(self, name: str) -> None:
-        for mount, file, unit in HIERARCHIES:
+        for mount, controller, file, parse in HIERARCHIES:
             if not (mount / file).is_file():
                 continue
             try:
-                home = mount / own_cgroup("cpuacct" if file == "cpuacct.usage" else "").lstrip("/")
-                path = mount / name
+                home = mount / own_cgroup(controller).lstrip("/")
+                path = home / name  # inside this process's own group, whose CPU time then includes it
                 path.mkdir(exist_ok=True)
                 (path / "cgroup.procs").write_text(str(os.getpid()))
             except OSError:
                 continue
-            self.home, self.path, self.file, self.unit = home, path, file, unit
+            self.home, self.path, self.file, self.parse = home, path, file, parse
             return
         raise pytest.UsageError(
             "-p bench.cpu_per_test: no cgroup with CPU accounting this process may join; expected root and cpu.stat (v2) or cpuacct (v1)"
         )
 
     def seconds(self) -> float:
-        text = (self.path / self.file).read_text()
-        value = int(text.split("usage_usec")[1].split()[0]) if self.file == "cpu.stat" else int(text)
-        return value * self.unit
+        return self.parse((self.path / self.file).read_text())
 
     def leave(self) -> None:
         """Back to the cgroup this process was in; the group is removed once nothing is left in it."""
