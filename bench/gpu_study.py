@@ -174,26 +174,37 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(report))
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def photo_bench_parser(description: str, work: str) -> argparse.ArgumentParser:
+    """The flags this bench shares with bench/gpu_final.py: the generated set, the model, where the commands run and
+    write; ``work`` says what --work holds."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--root", required=True, help="where the CUB-shaped set is generated (once) and its cache kept")
-    parser.add_argument("--work", required=True, help="folder of the studies' runs/ (one sub-folder per K)")
+    parser.add_argument("--work", required=True, help=work)
     parser.add_argument("--log-dir", default=None, help="where each command's output is kept (default: --work)")
     parser.add_argument("--scale", type=float, default=1.0, help="of CUB's 11,788 images (default: the full count)")
     parser.add_argument("--backbone", default="resnet50")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--image-size", type=int, default=0, help="0: the dataset's default (224 for photos)")
+    parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a look at the bench itself)")
+    parser.add_argument("--out")
+    parser.add_argument("--markdown")
+    return parser
+
+
+def parse_photo_bench(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    args.log_dir = args.log_dir or args.work
+    return args
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = photo_bench_parser(__doc__.splitlines()[0], "folder of the studies' runs/ (one sub-folder per K)")
     parser.add_argument("--max-classes", type=int, default=60, help="C searched in thirds of it (default: 20, 40, 60)")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--pack", type=int, nargs="+", default=[4], help="trials per GPU, one study each (default: 4)")
     parser.add_argument("--final-seeds", type=int, default=3, help="seeds of study.final (0: no final model)")
-    parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a look at the bench itself)")
-    parser.add_argument("--out")
-    parser.add_argument("--markdown")
-    args = parser.parse_args(argv)
-    args.log_dir = args.log_dir or args.work
-    return args
+    return parse_photo_bench(parser, argv)
 
 
 if __name__ == "__main__":
