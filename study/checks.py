@@ -89,6 +89,30 @@ def check_address(address: str | None) -> None:
     check_listening(host, port, what, "expected a running Ray cluster (ray start --head) or no --address")
 
 
+def ray_connect_failure(address: str, error: BaseException) -> UsageError:
+    """The one line for a ``ray.init(address=...)`` that failed after --address passed :func:`check_address`.
+
+    The usual cause is Ray's token authentication: ``ray start`` turns it on (Ray 2.60) and a driver reads the
+    cluster's token by itself for ``auto`` only, never for an address given as HOST:PORT. Ray 2.60 reports it as a
+    ConnectionError from a RuntimeError whose message holds the AuthenticationError's traceback as text; an
+    AuthenticationError in the chain itself counts too.
+    """
+    import ray.exceptions
+
+    chain: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(c, ray.exceptions.AuthenticationError) or "AuthenticationError" in str(c) for c in chain):
+        return UsageError(
+            f"--address {address}: the Ray cluster refused this driver (its token authentication, which `ray start` turns on); "
+            "on one of its nodes pass --address auto, which reads the cluster's token, or export RAY_AUTH_MODE=token with "
+            "the cluster's token in ~/.ray/auth_token or $RAY_AUTH_TOKEN"
+        )
+    return UsageError(f"--address {address}: Ray could not connect ({error}); expected a running Ray cluster (ray start --head)")
+
+
 def check_cluster_resources(cpus_per_trial: float, gpus_per_trial: float) -> None:
     """Some alive node of the running Ray cluster can hold one trial; else Tune would wait forever. Call after ``ray.init``.
 

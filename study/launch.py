@@ -563,16 +563,21 @@ def ray_session(address: str | None, local_resources: tuple[float | None, float 
     import ray
 
     cpus, gpus = local_resources
-    ray.init(
-        address=address or "local",
-        num_cpus=cpus,
-        num_gpus=gpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        ignore_reinit_error=True,
-        runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if address is None else None,
-    )
+    try:
+        ray.init(
+            address=address or "local",
+            num_cpus=cpus,
+            num_gpus=gpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            ignore_reinit_error=True,
+            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if address is None else None,
+        )
+    except ConnectionError as error:  # a cluster that listens (checks.check_address) but refuses this driver
+        if address is None:
+            raise
+        raise checks.ray_connect_failure(address, error) from None
     try:
         yield
     finally:

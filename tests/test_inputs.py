@@ -224,6 +224,49 @@ def test_address_with_no_ray_listening_is_refused_before_ray_starts(tmp_path, ru
     assert_nothing_left(runs)
 
 
+def refusing_ray_init(cause: BaseException):
+    """``ray.init`` as Ray 2.60 fails on a cluster that listens but refuses the driver (seen against `ray start --head`
+    with an explicit HOST:PORT): a ConnectionError raised from a RuntimeError, raised from ``cause`` if it is an
+    exception, else whose message holds ``cause`` as text (Ray puts the AuthenticationError's traceback there)."""
+
+    def init(*args, **kwargs):
+        try:
+            if isinstance(cause, str):
+                raise RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n{cause}")
+            try:
+                raise cause
+            except BaseException as inner:
+                raise RuntimeError("Failed to connect to GCS") from inner
+        except RuntimeError as outer:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs.get('address')}") from outer
+
+    return init
+
+
+def test_a_cluster_that_refuses_the_driver_is_one_line_naming_the_address_and_leaves_nothing(tmp_path, runs, capsys, monkeypatch):
+    import ray
+    import ray.exceptions
+
+    config = write(tmp_path / "tiny.yaml", yaml.safe_dump(TINY))
+    with socket.socket() as server:  # passes check_address: something listens
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        message = "RPC error: InvalidAuthToken: Authentication token is missing or incorrect"
+        for cause in (f"ray.exceptions.AuthenticationError: {message}", ray.exceptions.AuthenticationError(message)):
+            monkeypatch.setattr(ray, "init", refusing_ray_init(cause))
+            code, err = run_launch(["--space", str(SMOKE), "--address", address], capsys)
+            assert_refused(code, err, f"--address {address}", "token authentication", "--address auto", "RAY_AUTH_MODE=token")
+            assert_nothing_left(runs)
+        code, err = run_final(["--config", str(config), "--seeds", "2", "--address", address], capsys)
+        assert_refused(code, err, f"--address {address}", "token authentication", "--address auto")
+        assert_nothing_left(runs)
+        monkeypatch.setattr(ray, "init", refusing_ray_init(OSError("version mismatch")))
+        code, err = run_launch(["--space", str(SMOKE), "--address", address], capsys)
+        assert_refused(code, err, f"--address {address}: Ray could not connect (Failed to connect to Ray cluster at {address})")
+        assert_nothing_left(runs)
+
+
 def test_address_where_something_listens_passes_the_check():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
