@@ -16,7 +16,8 @@ of 32 classes x 4 images, heated-up softmax):
   measured epochs per thread count, split by the engine's own timings into data, compute and
   evaluation; train images/s and compute images/s as fractions of the bound.
 - **Variants of the compute step** side by side on the same pre-loaded batches (forward,
-  loss, backward, Adam step): eager, channels_last, torch.compile (inductor, CPU) and both,
+  loss, backward, Adam step): eager, channels_last, torch.compile (inductor, CPU) and both, and the engine's
+  channels_last model with its blocks in the textbook order (ReLU before the pooling; the model pools first),
   per thread count, timed in interleaved rounds; compile time reported apart.
 
 No GPU is used; on a machine without one the GPU parts of issue 12 (bf16, trials per GPU)
@@ -55,7 +56,18 @@ from trainables.core import engine  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402
 
 HBN_CONFIG = ROOT / "configs" / "omniglot_hbn.yaml"
-VARIANTS = ("eager", "channels_last", "compile", "compile+channels_last")
+VARIANTS = ("eager", "channels_last", "compile", "compile+channels_last", "channels_last+relu_before_pool")
+
+
+def relu_before_pool(model: nn.Module) -> nn.Module:
+    """``model`` with each small_cnn block in the textbook order conv -> BN -> ReLU -> maxpool (the model pools first:
+    trainables.core.models.SmallCNN), the same parameters: the order's cost side by side."""
+    for features in (m for m in model.modules() if isinstance(m, nn.Sequential)):
+        layers = list(features)
+        for i, layer in enumerate(layers[:-1]):
+            if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
+                features[i], features[i + 1] = layers[i + 1], layer
+    return model
 
 
 def hbn_config(epochs: int) -> TrainConfig:
@@ -169,6 +181,8 @@ def prepare_variant(run: engine.Run, batches, variant: str) -> tuple[Any, float]
     """A step function ``i -> None`` (forward, loss, backward, Adam on batch ``i``) for one variant, and its compile seconds."""
     model, loss_fn = copy.deepcopy(run.model), copy.deepcopy(run.loss_fn)
     optimizer = torch.optim.Adam(list(model.parameters()) + list(loss_fn.parameters()), lr=1e-4)
+    if variant.endswith("relu_before_pool"):
+        model = relu_before_pool(model)
     if "channels_last" in variant:
         model = model.to(memory_format=torch.channels_last)
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]

@@ -78,6 +78,52 @@ def test_embedding_net_none_leaves_the_linear_embedding_unchanged():
 # -- shapes ----------------------------------------------------------------------------------
 
 
+def reference_small_cnn(net: SmallCNN, x: torch.Tensor) -> torch.Tensor:
+    """The textbook block order, conv -> BN -> ReLU -> maxpool, written with torch.nn.functional on ``net``'s own
+    parameters and batch statistics (training mode), independent of the module's layer order."""
+    convs = [m for m in net.features if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in net.features if isinstance(m, torch.nn.BatchNorm2d)]
+    for conv, norm in zip(convs, norms, strict=True):
+        x = F.conv2d(x, conv.weight, padding=1)
+        x = F.batch_norm(x, None, None, norm.weight, norm.bias, training=True, eps=norm.eps)
+        x = F.max_pool2d(F.relu(x), 2)
+    return x.flatten(1)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_small_cnn_pools_before_its_relu_with_the_same_values_and_gradients(layout):
+    # max-pooling commutes with the ReLU (a non-decreasing function): the same floats out and the same gradients in,
+    # to the last bit, as the textbook order; the test's input has exact ties at 0 (a constant patch) and negatives
+    torch.manual_seed(5)
+    net = SmallCNN(in_channels=1, image_size=32).train().to(memory_format=layout)
+    x = torch.randn(16, 1, 32, 32)
+    x[:, :, :8, :8] = 0.0
+    x = x.contiguous(memory_format=layout)
+    upstream = torch.randn(16, net.out_dim)
+    out = net(x)
+    (out * upstream).sum().backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    ref = reference_small_cnn(net, x)
+    (ref * upstream).sum().backward()
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, net.parameters(), strict=True))
+    assert any(bool((a != 0).any()) for a in got)
+
+
+def test_small_cnn_loads_a_state_dict_of_the_textbook_layer_order():
+    # models trained before the pooling moved ahead of the ReLU: their keys name the same conv and BN layers
+    old = torch.nn.Sequential()
+    for i, channels in enumerate([1, 64, 64, 64]):
+        block = [torch.nn.Conv2d(channels, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+        old.extend(block)
+        torch.nn.init.normal_(old[4 * i + 1].weight)
+    net = SmallCNN(in_channels=1, image_size=32).eval()
+    net.features.load_state_dict(old.state_dict())
+    x = torch.randn(4, 1, 32, 32)
+    torch.testing.assert_close(net(x), old.eval()(x).flatten(1), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("size, spatial", [(28, 1), (32, 2)])  # 28->14->7->3->1, 32->16->8->4->2
 def test_small_cnn_output_shape(size, spatial):
     net = SmallCNN(in_channels=1, image_size=size).eval()
