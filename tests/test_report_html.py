@@ -299,6 +299,36 @@ def test_retrieval_grid_and_tsne_map_write_pngs(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_grid_mosaic_places_each_image_in_its_slot_inside_a_frame_of_its_kind():
+    # worked out by hand for cells of 10 px: slots of 10 + 2 * 4 px, 6 px apart (a step of 24 px)
+    rng = np.random.default_rng(1)
+    queries = [rng.integers(0, 256, (10, 10), dtype=np.uint8) for _ in range(2)]
+    neighbours = [[queries[1], queries[0]], [queries[0]]]  # the second row has one neighbour: its last slot is empty
+    correct = np.array([[True, False], [False, False]])
+    mosaic = plots.grid_mosaic(queries, neighbours, correct, cell=10)
+    assert mosaic.shape == (2 * 24 - 6, 3 * 24 - 6, 3) and mosaic.dtype == np.uint8
+    black, green, red, white = (0, 0, 0), (44, 160, 44), (255, 0, 0), (255, 255, 255)
+    # the query: 1 px of black above its image, white beyond
+    assert tuple(mosaic[3, 9]) == black and tuple(mosaic[2, 9]) == white
+    # a right match (row 0, slot 1 at x 28): 2 px of green; a wrong one (slot 2 at x 52): 4 px of red, from the slot's edge
+    assert [tuple(mosaic[y, 33]) for y in (1, 2, 3)] == [white, green, green]
+    assert [tuple(mosaic[y, 57]) for y in (0, 1, 2, 3)] == [red] * 4
+    assert tuple(mosaic[24 + 4 + 5, 24 + 1]) == red  # row 1's wrong match: its frame's left side
+    # each image where it belongs, its grey level in all three channels
+    assert np.array_equal(mosaic[4:14, 4:14], np.repeat(queries[0][..., None], 3, axis=2))
+    assert np.array_equal(mosaic[4:14, 28:38, 1], queries[1]) and np.array_equal(mosaic[28:38, 28:38, 0], queries[0])
+    assert (mosaic[24:42, 48:66] == 255).all()
+
+
+def test_fitted_scales_an_image_to_its_cell_keeping_its_aspect_centred_on_white():
+    wide = np.full((5, 10), 7, dtype=np.uint8)  # fits as it is: 2 white rows above, 3 below
+    out = plots.fitted(wide, 10)
+    assert out.shape == (10, 10, 3) and (out[2:7] == 7).all() and (out[:2] == 255).all() and (out[7:] == 255).all()
+    tall = np.zeros((20, 10, 3), dtype=np.uint8)  # halved to 10 x 5: columns 2 to 6
+    out = plots.fitted(tall, 10)
+    assert (out[:, 2:7] == 0).all() and (out[:, :2] == 255).all() and (out[:, 7:] == 255).all()
+
+
 # -- marks of the learning curves --------------------------------------------------------------------------------------------
 
 
