@@ -39,15 +39,16 @@ class WeightsError(ValueError):
 
 
 class SmallCNN(nn.Module):
-    """Four conv(3x3)-BN-ReLU-maxpool blocks of 64 channels, for small grayscale images on a CPU.
+    """Four conv(3x3)-BN-ReLU-maxpool blocks of 64 channels, for small grayscale images on a CPU (each computed as
+    conv-BN-maxpool-ReLU, below).
 
     (B, in_channels, S, S) -> (B, 64 * (S // 16) ** 2).
 
     Each block runs its max-pooling before its ReLU: max-pooling commutes with a non-decreasing function, so
     ``relu(maxpool(y))`` equals ``maxpool(relu(y))`` value for value and passes the same gradients (both route a
     window's gradient to its first maximum, and both give zero where that maximum is <= 0), while the ReLU and its
-    backward pass touch a quarter of the elements. On one CPU thread that is 8 to 17 % of a training step of 128
-    Omniglot images (docs/benchmarks.md section 2). The layers keep their indices (ReLU and pooling hold no
+    backward pass touch a quarter of the elements: 0.89x the time of a training step of 128 Omniglot images at one
+    thread, 0.91x at two (docs/benchmarks.md section 2). The layers keep their indices (ReLU and pooling hold no
     parameters), so state dicts of either order load into the other.
     """
 
