@@ -344,6 +344,11 @@ FRAME_PAD = max(width for _, width in FRAMES.values())
 SLOT_GAP = 6
 
 
+def slot_step(cell: int) -> int:
+    """Pixels from one slot of the retrieval grid to the next: the cell, its frame's room on both sides, the gap."""
+    return cell + 2 * FRAME_PAD + SLOT_GAP
+
+
 def fitted(image: np.ndarray, size: int) -> np.ndarray:
     """(H, W) or (H, W, 3) uint8 -> (size, size, 3) uint8: scaled to fit (aspect kept), centred on white."""
     from PIL import Image
@@ -367,11 +372,10 @@ def grid_mosaic(
     (FRAMES: the query, a right match, a wrong one). A row with fewer neighbours leaves its last slots white.
 
     images: uint8 (H, W) or (H, W, 3); ``correct`` (Q, k) bool -> (Q * step - SLOT_GAP, (k + 1) * step - SLOT_GAP, 3)
-    uint8, step = cell + 2 * FRAME_PAD + SLOT_GAP.
+    uint8, step = :func:`slot_step` (cell).
     """
     rows, k = len(query_images), max((len(n) for n in neighbour_images), default=0)
-    slot = cell + 2 * FRAME_PAD
-    step = slot + SLOT_GAP
+    step = slot_step(cell)
     mosaic = np.full((max(rows * step - SLOT_GAP, 1), (k + 1) * step - SLOT_GAP, 3), 255, dtype=np.uint8)
     for r in range(rows):
         cells = [(query_images[r], None)] + [(img, bool(correct[r, j])) for j, img in enumerate(neighbour_images[r])]
@@ -401,7 +405,7 @@ def retrieval_grid(
     ax = fig.subplots()
     ax.imshow(grid_mosaic(query_images, neighbour_images, correct), interpolation="nearest")
     ax.set_axis_off()
-    step = CELL_PX + 2 * FRAME_PAD + SLOT_GAP
+    step = slot_step(CELL_PX)
     for c in range(k + 1 if rows else 0):
         ax.text(c * step + step / 2 - SLOT_GAP / 2, -4, "query" if c == 0 else f"#{c}", ha="center", va="bottom", fontsize=9)
     fig.suptitle(title or "retrieval on the test classes: query, then its nearest neighbours (wrong class outlined in red)", fontsize=10)
