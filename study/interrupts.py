@@ -59,6 +59,21 @@ def _signum(error: KeyboardInterrupt) -> int:
     return received or signal.SIGINT
 
 
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A write that a signal must not cut in half: the innermost installed ``StopSignals`` defers its first signal to
+    the end of the block (``StopSignals.deferred``); with none installed, the body runs as it is.
+
+    An exception raised by a handler inside an MLflow sqlite commit leaves the cut transaction holding the store's
+    write lock, and every write after it (the runs' KILLED marks) fails with "database is locked".
+    """
+    if not _INSTALLED:
+        yield
+        return
+    with _INSTALLED[-1].deferred():
+        yield
+
+
 def signal_name(error: KeyboardInterrupt) -> str:
     """The signal that stopped the driver (``_signum``)."""
     return signal.Signals(_signum(error)).name

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from study.interrupts import StopSignals
+from study.interrupts import StopSignals, uninterrupted
 from trainables.core.config import TrainConfig
 
 SEED_RETRIES = 3  # attempts after the first of a seed whose worker or node died (Ray's max_retries)
@@ -123,6 +123,26 @@ class SeedRecorder(Protocol):
     def done(self, output: SeedOutput) -> None: ...
 
 
+class Uninterrupted:
+    """``recorder`` whose calls a signal never cuts in half (``interrupts.uninterrupted``): each of its MLflow writes
+    ends, then the signal stops the seeds. The training between the calls stops at once."""
+
+    def __init__(self, recorder: SeedRecorder) -> None:
+        self.recorder = recorder
+
+    def start(self, job: SeedJob) -> None:
+        with uninterrupted():
+            self.recorder.start(job)
+
+    def epoch(self, report: EpochReport) -> None:
+        with uninterrupted():
+            self.recorder.epoch(report)
+
+    def done(self, output: SeedOutput) -> None:
+        with uninterrupted():
+            self.recorder.done(output)
+
+
 @contextlib.contextmanager
 def session(placement: Placement) -> Iterator[None]:
     """The Ray session the placement needs (none in the driver): the cluster's, or a local Ray of ``local_cpus`` CPUs.
@@ -147,8 +167,10 @@ def train_seeds(jobs: Sequence[SeedJob], placement: Placement, splits: Any, reco
 
     ``splits`` (the driver's loaded dataset) goes to the tasks of a local Ray through its object store; a task on a
     cluster loads the dataset on its own node from ``job.data_root``, as a study's trials do. In the driver, the jobs
-    run one after another through ``train``; a failure or a signal stops at once and propagates.
+    run one after another through ``train``; a failure or a signal stops at once and propagates, except that a signal
+    during one of ``recorder``'s calls lets the call end first (``Uninterrupted``).
     """
+    recorder = Uninterrupted(recorder)
     if not placement.parallel:
         for job in jobs:
             recorder.start(job)

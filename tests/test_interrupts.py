@@ -69,6 +69,51 @@ def test_signal_in_a_deferred_block_waits_for_its_end():
     assert done
 
 
+class HalfWrites:
+    """A seed recorder whose every write is hit by a signal halfway: what study.final's MLflow writes met in CI, where
+    SIGTERM landed inside a sqlite commit of ``log_batch``; the cut transaction kept the store's write lock, so the
+    KILLED marks after it failed with "database is locked" and the driver exited 1."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def write(self, what: str) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        self.written.append(what)  # the second half of the write
+
+    def start(self, job) -> None:
+        self.write(f"start {job.index}")
+
+    def epoch(self, report) -> None:
+        self.write(f"epoch {report.epoch}")
+
+    def done(self, output) -> None:
+        self.write(f"done {output.index}")
+
+
+@pytest.mark.parametrize("writes", ["start", "epoch", "done"])
+def test_a_signal_never_cuts_a_seed_recorders_write_in_half(writes):
+    """study.final's seeds in the driver: a signal during one of the recorder's writes lets the write end, then stops
+    the training (StudyInterrupted, naming the signal) before anything else is written."""
+    from study import seeds
+
+    recorder = HalfWrites()
+    for other in {"start", "epoch", "done"} - {writes}:
+        setattr(recorder, other, lambda *args: None)
+    job = seeds.SeedJob(0, None, "cpu", 0, 1, None)
+
+    def train(job, splits, on_epoch):
+        on_epoch(seeds.EpochReport(job.index, 1, {}))
+        on_epoch(seeds.EpochReport(job.index, 2, {}))
+        return seeds.SeedOutput(job.index, {}, {}, 0.0, {}, {}, "here")
+
+    with pytest.raises(StudyInterrupted) as raised:
+        with StopSignals().installed():
+            seeds.train_seeds([job], seeds.Placement(parallel=False), None, recorder, train)
+    assert raised.value.name == "SIGTERM"
+    assert recorder.written == [{"start": "start 0", "epoch": "epoch 1", "done": "done 0"}[writes]]
+
+
 def test_handlers_are_restored_and_plain_keyboard_interrupt_exits_130():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with StopSignals().installed():
