@@ -44,7 +44,7 @@ import torch
 
 from study import checks, console, inputs, locks, names, records, seeds, tracking
 from study.inputs import UsageError
-from study.interrupts import StopSignals, exit_code, signal_name
+from study.interrupts import StopSignals, exit_code, signal_name, uninterrupted
 from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.record import StudyRecord
@@ -618,23 +618,26 @@ def train_plan(
     client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target, started: list[str]
 ) -> tuple[ConfigurationResult, ...]:
     """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
-    if plan.grid:
-        client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
-    else:
-        config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
-        client.log_artifact(target.parent_id, str(config_file))
+    with uninterrupted():
+        if plan.grid:
+            client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
+        else:
+            config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
+            client.log_artifact(target.parent_id, str(config_file))
     outcomes: list[ConfigurationResult] = []
     for index, (name, config) in enumerate(plan.configurations):
         if plan.grid:
             print(f"\n[{index + 1}/{len(plan.configurations)}] {name}", flush=True)
         data = splits[(config.dataset, config.image_size)]
         outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started))
-        record_outcomes(client, target.parent_id, plan, outcomes)
+        with uninterrupted():
+            record_outcomes(client, target.parent_id, plan, outcomes)
     return tuple(outcomes)
 
 
 def run_final(args: argparse.Namespace) -> FinalResult:
-    """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING."""
+    """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING. A signal stops the
+    training at once, but waits for the end of an MLflow write of the driver (``interrupts.uninterrupted``)."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     plan = make_plan(args, uri)
@@ -653,19 +656,21 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     # on a cluster, checks that a node holds one seed's task before any run exists
     with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
         owner = locks.owner_tags(lock)
-        parent_id = open_parent(client, experiment_id, plan, owner)
-        started: list[str] = []
+        parent_id, started = None, []
         try:
+            with uninterrupted():
+                parent_id = open_parent(client, experiment_id, plan, owner)
             with tempfile.TemporaryDirectory() as tmp:
                 target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner)
                 outcomes = train_plan(client, plan, splits, target, started)
         except BaseException as error:
             mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
             raise
-    if plan.parent_run_id is None:
-        client.set_terminated(parent_id, status="FINISHED")
-    elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
-        note_study_retrained(client, parent_id, outcomes[0])
+    with uninterrupted():
+        if plan.parent_run_id is None:
+            client.set_terminated(parent_id, status="FINISHED")
+        elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+            note_study_retrained(client, parent_id, outcomes[0])
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
 

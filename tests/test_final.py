@@ -674,3 +674,28 @@ def test_a_study_whose_end_could_not_write_mlflow_is_refused_naming_study_sync(t
     assert f"its records wait in {spool}, not yet written to MLflow" in err
     assert err.rstrip().split("retrain its pick: ")[1].split(";")[0].endswith("study.sync --study unsynced --experiment dml-studies")
     assert "--resume" not in err
+
+
+def test_a_signal_while_the_parent_run_is_created_leaves_it_killed_not_running(tmp_path, runs, capsys, monkeypatch):
+    """A SIGTERM between the parent run's creation and its params (the driver's first MLflow writes): the writes end,
+    then study.final stops as a signal stops it mid-seed: exit 143, the parent KILLED with the reason, no seed run.
+    Before, the signal cut open_parent outside the block that marks runs stopped, and the parent stayed RUNNING."""
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a seed trained after the signal")
+
+    created = mlflow.MlflowClient.create_run
+
+    def create_then_signal(self, *args, **kwargs):
+        run = created(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)
+        return run
+
+    monkeypatch.setattr(final, "train_seed", no_training)
+    monkeypatch.setattr(mlflow.MlflowClient, "create_run", create_then_signal)
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
+    code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri], capsys)
+    assert code == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err
+    (parent,) = all_runs(uri)[1]
+    assert parent.info.status == "KILLED" and parent.data.tags["failure_reason"] == "stopped by SIGTERM"
+    assert parent.data.params["seeds"] == "0,1,2" and "lr" in parent.data.params  # written after the signal arrived
