@@ -656,7 +656,8 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     # on a cluster, checks that a node holds one seed's task before any run exists
     with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
         owner = locks.owner_tags(lock)
-        parent_id, started = None, []
+        parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
+        started: list[str] = []
         try:
             with uninterrupted():
                 parent_id = open_parent(client, experiment_id, plan, owner)
