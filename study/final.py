@@ -44,7 +44,7 @@ import torch
 
 from study import checks, console, inputs, locks, names, records, seeds, tracking
 from study.inputs import UsageError
-from study.interrupts import StopSignals, exit_code, signal_name, uninterrupted
+from study.interrupts import StopSignals, StudyInterrupted, exit_code, signal_name, uninterrupted
 from study.parent import mark_stopped, study_parent
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
 from study.record import StudyRecord
@@ -635,6 +635,10 @@ def train_plan(
     return tuple(outcomes)
 
 
+class StoppedWhenDone(StudyInterrupted):
+    """A signal that waited for the last write of a final whose runs had all ended FINISHED."""
+
+
 def run_final(args: argparse.Namespace) -> FinalResult:
     """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING. A signal stops the
     training at once, but waits for the end of an MLflow write of the driver (``interrupts.uninterrupted``)."""
@@ -667,11 +671,14 @@ def run_final(args: argparse.Namespace) -> FinalResult:
         except BaseException as error:
             mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
             raise
-    with uninterrupted():
-        if plan.parent_run_id is None:
-            client.set_terminated(parent_id, status="FINISHED")
-        elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
-            note_study_retrained(client, parent_id, outcomes[0])
+    try:
+        with uninterrupted():
+            if plan.parent_run_id is None:
+                client.set_terminated(parent_id, status="FINISHED")
+            elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+                note_study_retrained(client, parent_id, outcomes[0])
+    except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
+        raise StoppedWhenDone(error.signum) from None
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
 
@@ -803,6 +810,9 @@ def main(argv: list[str] | None = None) -> int:
             result = dataclasses.replace(run_final(args), log=log)  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:
         return inputs.print_error(error)
+    except StoppedWhenDone as error:
+        print(f"study.final stopped by {error.name} as it ended: its runs had ended FINISHED, every result recorded", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt as error:
         print(
             f"study.final stopped by {signal_name(error)}: its runs are marked KILLED (nothing to resume; run the command again)",

@@ -699,3 +699,30 @@ def test_a_signal_while_the_parent_run_is_created_leaves_it_killed_not_running(t
     (parent,) = all_runs(uri)[1]
     assert parent.info.status == "KILLED" and parent.data.tags["failure_reason"] == "stopped by SIGTERM"
     assert parent.data.params["seeds"] == "0,1,2" and "lr" in parent.data.params  # written after the signal arrived
+
+
+def test_a_signal_during_the_last_write_says_the_runs_finished(tmp_path, runs, capsys, monkeypatch):
+    """A SIGTERM while the finished parent run is marked FINISHED (the driver's last write) waits for that write, then
+    stops study.final with 143. Its message says what is true then: every run ended FINISHED. Before, it said the
+    runs were "marked KILLED", as for a signal mid-training."""
+    created, terminated = mlflow.MlflowClient.create_run, mlflow.MlflowClient.set_terminated
+    parent: list[str] = []
+
+    def create(self, *args, **kwargs):
+        run = created(self, *args, **kwargs)
+        parent.append(parent[0] if parent else run.info.run_id)  # the parent run is the first one created
+        return run
+
+    def terminate_then_signal(self, run_id, *args, **kwargs):
+        terminated(self, run_id, *args, **kwargs)
+        if run_id == parent[0]:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "create_run", create)
+    monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", terminate_then_signal)
+    uri = f"sqlite:///{runs / 'mlflow.db'}"
+    code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--seeds", "1"], capsys)
+    assert code == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and "marked KILLED" not in err and "FINISHED" in err, err
+    client, found = all_runs(uri)
+    assert len(found) == 2 and {r.info.status for r in found} == {"FINISHED"}, [(r.info.run_name, r.info.status) for r in found]
