@@ -184,6 +184,15 @@ def picks(models: list[Model]) -> dict[str, dict[str, float | str]]:
     return out
 
 
+def families(models: list[Model]) -> dict[str, dict[str, float]]:
+    """The candidates' mean scores per loss and normalization: how far apart validation and the test put them."""
+    out = {}
+    for loss, norm in sorted({(m.loss, m.normalization) for m in models}):
+        group = [m for m in models if (m.loss, m.normalization) == (loss, norm)]
+        out[f"{loss}, {norm}"] = {"n": len(group), **{k: sum(m.scores[k] for m in group) / len(group) for k in VAL + TEST}}
+    return out
+
+
 def markdown(result: dict) -> str:
     epochs = [m["epoch"] for m in result["each"] if m["full"]]
     lines = [f"Models: {result['models']} restored, {result['full']} of trials that completed the full budget (at epochs "
@@ -201,7 +210,11 @@ def markdown(result: dict) -> str:
         lines += ["", f"Ordered right by val R@1 alone: {pairs['only']['val R@1']}; by val MAP@R alone: {pairs['only']['val MAP@R']} "
                   f"(McNemar's exact p {pairs['mcnemar_p']:.2f})."]  # fmt: skip
         lines.append("")
-    lines += ["Per study, the full-budget search trial each judge ranks first (test R@1):", ""]
+    lines += ["The candidates' mean scores by loss and feature normalization (full-budget search trials):", ""]
+    lines += ["| loss, normalization | trials | val R@1 | val MAP@R | test R@1 | test MAP@R | test one-shot error |", "|---|" + "---:|" * 6]
+    for name, row in result["families"].items():
+        lines.append(f"| {name} | {row['n']} | " + " | ".join(f"{row[k]:.3f}" for k in VAL + TEST) + " |")
+    lines += ["", "Per study, the full-budget search trial each judge ranks first (test R@1):", ""]
     lines += ["| study | candidates | best | " + " | ".join(JUDGES) + " |", "|---|---:|---:|" + "---:|" * len(JUDGES)]
     for study, row in result["picks"].items():
         chosen = " | ".join(f"{row[j]:.3f} ({row[j + ' trial']})" for j in JUDGES)
@@ -244,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "spearman": {g: correlations(ms) for g, ms in groups.items()},
         "pairs": {g: pair_agreement(ms, args.margin) for g, ms in groups.items()},
         "picks": picks(models),
+        "families": families([m for m in groups["full budget"] if not m.rerun]),
         "each": [asdict(m) for m in models],
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

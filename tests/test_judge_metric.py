@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.judge_metric import Model, correlations, pair_agreement, picks
+from bench.judge_metric import Model, correlations, families, pair_agreement, picks
 
 
 def model(study: str, trial: str, val_r1: float, val_map: float, test_r1: float, full: bool = True) -> Model:
@@ -44,3 +44,10 @@ def test_each_judge_picks_among_the_full_budget_search_trials():
     assert row["candidates"] == 3 and row["best test R@1"] == 0.80
     assert (row["val R@1"], row["val R@1 trial"]) == (0.70, "m1")
     assert (row["val MAP@R"], row["val MAP@R trial"]) == (0.80, "m0")
+
+
+def test_family_means():
+    ice = Model("a", "i", False, "ice", "bn", 16, 16, True, {**A[0].scores, "test_recall_at_1": 0.60}, 0.9)
+    rows = families([*A, ice])
+    assert rows["softmax, bn"]["n"] == 3 and rows["softmax, bn"]["test_recall_at_1"] == pytest.approx(0.75)  # (0.80 + 0.70 + 0.75) / 3
+    assert rows["ice, bn"]["n"] == 1 and rows["ice, bn"]["test_recall_at_1"] == pytest.approx(0.60)
