@@ -48,11 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainables.core.config import TrainConfig  # noqa: E402
-from trainables.core.data import dataset_label, image_size_for, load_dataset, validation_split  # noqa: E402
-from trainables.core.engine import build_model, evaluate  # noqa: E402
-from trainables.dml import load_state  # noqa: E402
+from trainables.core.data import dataset_label, image_size_for, validation_split  # noqa: E402
+from trainables.core.engine import ONE_SHOT_WAYS, build_model, evaluate  # noqa: E402
+from trainables.dml import load_state, worker_dataset  # noqa: E402
 
-ONE_SHOT_WAYS = 20
 VAL = ("val_recall_at_1", "val_map_at_r")
 TEST = ("test_recall_at_1", "test_map_at_r", f"test_one_shot_error_{ONE_SHOT_WAYS}way")
 JUDGES = {"val R@1": ("val_recall_at_1",), "val MAP@R": ("val_map_at_r",), "val R@1 + MAP@R": VAL}
@@ -60,7 +59,7 @@ JUDGES = {"val R@1": ("val_recall_at_1",), "val MAP@R": ("val_map_at_r",), "val 
 
 @dataclass(frozen=True)
 class Model:
-    study: str  # the runs folder's name
+    study: str  # the study's folder under the runs folder's ray/
     trial: str  # Tune's trial id
     rerun: bool  # a confirmation re-run (a fold other than the trial's)
     loss: str
@@ -94,15 +93,12 @@ def reported(trial: Path, budget: int, epoch: int) -> tuple[float, int]:
     return value, completed
 
 
-def score(checkpoint: Path, data_root: str, splits_cache: dict, near_end: int) -> Model:
+def score(checkpoint: Path, data_root: str, near_end: int) -> Model:
     """Restore the checkpoint's model and score it on its validation fold and on the test classes."""
     state = load_state(checkpoint)
     bundle = state.bundle
     config = TrainConfig.from_dict(bundle["config"], source=str(checkpoint))
-    key = (config.dataset, config.image_size)
-    if key not in splits_cache:
-        splits_cache[key] = load_dataset(config.dataset, data_root, config.image_size)
-    splits = splits_cache[key]
+    splits = worker_dataset(config.dataset, data_root, config.image_size)  # decoded once for all the checkpoints
     image_size = image_size_for(config.dataset, config.image_size)
     model = build_model(config, bundle["kind"], image_size)
     model.load_state_dict(bundle["model"])
@@ -233,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", default=str(ROOT / "docs" / "bench" / "judge_metric.md"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    cache: dict = {}
     models, mismatched = [], []
     for runs in map(Path, args.runs):
         for checkpoint in latest_checkpoints(runs):
-            model = score(checkpoint, args.data_root, cache, args.near_end)
+            model = score(checkpoint, args.data_root, args.near_end)
             if abs(model.scores["val_recall_at_1"] - model.reported) > args.tolerance:  # nan (no report) fails as well
                 recomputed = model.scores["val_recall_at_1"]
                 mismatched.append({"checkpoint": str(checkpoint), "recomputed": recomputed, "reported": model.reported})
