@@ -21,6 +21,8 @@ cut short keeps what it measured. Needs torch, torchvision, faiss, numpy and PIL
 
   python bench/gpu_path.py --root /tmp/gpu_photos --out docs/bench/gpu_path.json --markdown docs/bench/gpu_path.md
   python bench/gpu_path.py --root /tmp/gp --scale 0.05 --backbones resnet18 --epochs 2 --pack 1 2   # a quick look
+  python bench/gpu_path.py --root ../shared/data --config configs/omniglot_hbn.yaml --backbones small_cnn \
+      --precisions fp32 bf16 --pack 4 8 16 --epochs 4     # the default study's model: characters at 32 px
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ if "--code" in sys.argv:  # a child training another checkout's core (--baseline
     sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from bench.photo_data import make_cub  # noqa: E402
 from trainables.core import engine  # noqa: E402
@@ -52,6 +55,10 @@ from trainables.core.transforms import image_dataset  # noqa: E402
 
 
 def config_of(args: argparse.Namespace, backbone: str, precision: str) -> TrainConfig:
+    """The photo set's ICE config, or ``--config``'s own (its dataset, backbone and batch) at ``precision``."""
+    if args.config:
+        fields = {**yaml.safe_load(Path(args.config).read_text()), "precision": precision, "epochs": args.epochs}
+        return TrainConfig.from_dict(fields, source=args.config)
     return TrainConfig.from_dict(
         {
             "dataset": "cub200",
@@ -114,13 +121,14 @@ def child_fit(args: argparse.Namespace) -> dict:
     epochs: list[dict] = []
 
     def on_epoch(epoch: int, metrics: dict[str, float], run: engine.Run) -> None:
-        images = len(run.sampler) * args.classes * args.per_class
+        images = len(run.sampler) * run.config.classes_per_batch * run.config.samples_per_class
         epochs.append({"end": time.time(), "images": images, **{k: metrics[k] for k in metrics if k.startswith("time/")}})
         if epoch == 1 and args.barrier:
             wait_at_barrier(Path(args.barrier), args.rank)
 
-    splits = load_dataset("cub200", args.root)
-    run = engine.fit(config_of(args, args.fit_backbone, args.precision), on_epoch, data_root=args.root, splits=splits)
+    config = config_of(args, args.fit_backbone, args.precision)
+    splits = load_dataset(config.dataset, args.root)
+    run = engine.fit(config, on_epoch, data_root=args.root, splits=splits, device=torch.device(args.device))
     steady = epochs[1:] or epochs
     rates = [e["images"] / e["time/train_s"] for e in steady]
     return {
@@ -187,6 +195,7 @@ class GpuSampler:
 def child_command(args: argparse.Namespace, precision: str, threads: int, code: str | None) -> list[str]:
     command = [sys.executable, __file__, "--child", "--root", args.root, "--backbone", args.fit_backbone, "--precision", precision]
     command += ["--threads", str(threads), "--epochs", str(args.epochs), "--classes", str(args.classes), "--per-class", str(args.per_class)]
+    command += ["--device", args.device] + (["--config", args.config] if args.config else [])
     return command + (["--code", code] if code else [])
 
 
@@ -256,12 +265,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(child_fit(args)))
         return
-    if not torch.cuda.is_available() and not args.allow_cpu:
+    if not torch.cuda.is_available() and not args.allow_cpu and args.device == "cuda":
         raise SystemExit("bench/gpu_path.py: no CUDA device; this bench measures the GPU path")
     started = time.perf_counter()
-    make_cub(Path(args.root), scale=args.scale, workers=os.cpu_count() or 1)
     report = {"environment": environment(), "args": vars(args), "step": [], "fit": [], "pack": []}
-    report["data"] = f"CUB-shaped, {args.scale:g} x 11,788 images, batches of {args.classes} x {args.per_class}"
+    if args.config:
+        config = config_of(args, args.fit_backbone, "fp32")
+        batch = f"{config.classes_per_batch} x {config.samples_per_class}"
+        report["data"] = f"{config.dataset} from {args.root}, {args.config}: batches of {batch}"
+    else:
+        make_cub(Path(args.root), scale=args.scale, workers=os.cpu_count() or 1)
+        report["data"] = f"CUB-shaped, {args.scale:g} x 11,788 images, batches of {args.classes} x {args.per_class}"
     report["data_s"] = time.perf_counter() - started
     for name, stage in stages(args):
         try:
@@ -289,13 +303,30 @@ def stages(args: argparse.Namespace):
         return
     yield from (("fit", lambda p=p: fits(args, p, True, 1)) for p in args.precisions)
     yield from (("step", lambda b=b, p=p: step_rate(args, b, p)) for b in args.backbones for p in args.precisions)
-    yield from (("fit", lambda p=p: fits(args, p, False, 1)) for p in args.precisions[:2])
+    if not args.config:  # the characters have no decoded cache to compare with
+        yield from (("fit", lambda p=p: fits(args, p, False, 1)) for p in args.precisions[:2])
     yield from (("pack", lambda k=k: fits(args, args.pack_precision, True, k)) for k in args.pack if k > 1)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", required=True, help="where the CUB-shaped set is generated (once) and its cache kept")
+    parser.add_argument(
+        "--root",
+        required=True,
+        help="where the CUB-shaped set is generated (once) and its cache kept; "
+        "with --config, the data root that holds the config's dataset",
+    )
+    parser.add_argument(
+        "--config",
+        help="a training config (YAML, e.g. configs/omniglot_hbn.yaml) whose dataset, backbone and "
+        "batch the fits and the step train instead of the photo set's ICE config",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="where the fits train (cpu: the baseline a GPU is compared with, each process with its share of the cores)",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="of CUB's 11,788 images (default: the full count)")
     parser.add_argument("--backbones", nargs="+", default=["resnet50", "googlenet"], help="for the step alone")
     parser.add_argument("--fit-backbone", "--backbone", dest="fit_backbone", default="resnet50")
