@@ -68,38 +68,53 @@ def table(found: list[tuple[float, float | None]]) -> tuple[list[str], str]:
     return rows, summary
 
 
-def epoch_times(runs: Path, study: str) -> tuple[list[float], dict[tuple[str, int], float]]:
-    """The times (s) of every epoch the study's trials and re-runs trained, sorted, and by (Tune trial id, epoch)."""
+def study_records(runs: Path, study: str) -> tuple[dict[str, tuple[str, list[float]]], dict[str, str]]:
+    """Each trial's and re-run's epoch times (s, sorted) by Tune trial id, with its kind ("trial" or "confirmation"),
+    and the study's parent run params (its ``StudyRecord``)."""
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     found = client.search_runs(experiments, filter_string=f"tags.study_name = '{study}'", max_results=5000)
-    times, by_epoch = [], {}
+    trials, params = {}, {}
     for run in found:
-        if run.data.tags.get("kind") not in ("trial", "confirmation"):
-            continue
-        for m in client.get_metric_history(run.info.run_id, "train_loss"):
-            times.append(m.timestamp / 1000)
-            by_epoch[(run.data.tags.get("trial_id"), m.step)] = m.timestamp / 1000
-    return sorted(times), by_epoch
+        kind = run.data.tags.get("kind")
+        if kind == "study":
+            params = run.data.params
+        if kind in ("trial", "confirmation"):
+            times = sorted(m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "train_loss"))
+            trials[run.data.tags.get("trial_id")] = (kind, times)
+    return trials, params
 
 
-def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str, int], float]) -> str:
-    """Each estimate's error put down to its epochs or its pace, and the estimate replayed with a recent pace."""
+def epoch_times(trials: dict[str, tuple[str, list[float]]]) -> tuple[list[float], dict[tuple[str, int], float]]:
+    """The times (s) of every epoch the study's trials and re-runs trained, sorted, and by (Tune trial id, epoch)."""
+    by_epoch = {(tid, i + 1): t for tid, (_, times) in trials.items() for i, t in enumerate(times)}
+    return sorted(by_epoch.values()), by_epoch
+
+
+def progress_found(lines: list[str], by_epoch: dict[tuple[str, int], float]) -> tuple[list[tuple[float, float | None]], float]:
+    """The progress lines' (elapsed s, estimate s or None), and the offset from the log's clock to MLflow's: the median
+    over the lines that name a recorded epoch."""
     progress = [line for line in lines if LINE.match(line.strip())]
     found = [(elapsed, left, EVENT.search(line)) for line, (elapsed, left) in zip(progress, estimates(progress))]
     offsets = [by_epoch[(e[1], int(e[2]))] - elapsed for elapsed, _, e in found if e and (e[1], int(e[2])) in by_epoch]
     if not offsets:
         raise SystemExit("no progress line names an epoch recorded in MLflow: --runs and --study name another study")
-    offset, end, total = statistics.median(offsets), found[-1][0], len(times)  # the log's clock to MLflow's
+    return [(elapsed, left) for elapsed, left, _ in found], statistics.median(offsets)
+
+
+def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str, int], float]) -> str:
+    """Each estimate's error put down to its epochs or its pace, and the estimate replayed with a recent pace."""
+    found, offset = progress_found(lines, by_epoch)  # offset: the log's clock to MLflow's
+    end, total = found[-1][0], len(times)
 
     def done(elapsed: float) -> int:  # epochs trained by then
         return bisect.bisect_right(times, elapsed + offset)
 
     first = times[0] - offset
     counts = {"lines": 0, "within": 0, "epochs": 0, "pace": 0, **{w: 0 for w in WINDOWS_S}}
-    for elapsed, left, _ in found:
+    for elapsed, left in found:
         truth, trained = end - elapsed, done(elapsed)
         if left is None or truth <= 0 or trained <= done(first) or trained >= total:
             continue
@@ -121,6 +136,56 @@ def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str,
     )
 
 
+def state_at(trials: dict[str, tuple[str, list[float]]], when: float) -> tuple[list[int], list[int], tuple[int, list[int]]]:
+    """What the progress line saw at ``when`` (MLflow's clock): the epochs of the search trials that had ended (their
+    last epoch reported) and of the running ones, the re-runs started and the running ones' epochs."""
+    ended, running, started, rerun_running = [], [], 0, []
+    for kind, times in trials.values():
+        epochs = bisect.bisect_right(times, when)
+        if epochs == 0:
+            continue
+        over = times[-1] <= when
+        if kind == "trial":
+            (ended if over else running).append(epochs)
+        else:
+            started += 1
+            rerun_running += [] if over else [epochs]
+    return ended, running, (started, rerun_running)
+
+
+def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params: dict[str, str]) -> str:
+    """Each line's estimate made again with this checkout's count of the epochs left (``callbacks.study_epochs_left``)
+    on the state the study's records give for that moment, times the pace so far: how the code as it is now would have
+    done on the same study. Counted as in :func:`split_errors`."""
+    from study.callbacks import study_epochs_left
+    from study.record import StudyRecord
+    from study.schedulers import ladder
+
+    record = StudyRecord.from_params(params, where="the study's parent run")
+    rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
+    race = (record.confirm_top, record.val_folds, record.confirm_budget)
+    times, by_epoch = epoch_times(trials)
+    found, offset = progress_found(lines, by_epoch)
+    first, end, total = times[0], found[-1][0], len(times)
+    counts = {"lines": 0, "epochs": 0, "seconds": 0}
+    for elapsed, left in found:
+        when = elapsed + offset
+        ended, running, reruns = state_at(trials, when)
+        trained = bisect.bisect_right(times, when)
+        if left is None or not ended or trained <= 1 or trained >= total or end - elapsed <= 0:
+            continue
+        epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race)
+        pace = (when - first) / (trained - 1)  # seconds per epoch since the first
+        counts["lines"] += 1
+        counts["epochs"] += abs(epochs / (total - trained) - 1) <= 0.5
+        counts["seconds"] += abs(epochs * pace / (end - elapsed) - 1) <= 0.5
+    n = counts["lines"]
+    return (
+        f"Replayed with this checkout's epochs left: {counts['seconds']} of {n} estimates within 50 %; "
+        f"the epochs expected within 50 % of those trained after the line {counts['epochs']} times"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path, help="the study's saved stdout")
@@ -137,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     rows, summary = table(found)
     text = "\n".join(rows) + f"\n\n{summary}\n"
     if args.runs:
-        text += "\n" + split_errors(lines, *epoch_times(args.runs, args.study)) + "\n"
+        trials, params = study_records(args.runs, args.study)
+        text += "\n" + split_errors(lines, *epoch_times(trials)) + "\n"
+        text += "\n" + replay(lines, trials, params) + "\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(text)

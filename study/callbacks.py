@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ray.tune import Callback
@@ -123,47 +124,72 @@ def trial_epochs(trial) -> int:
     return result_step(trial.last_result or {})
 
 
-def time_left(elapsed_s: float, num_samples: int, finished: list[int], running: list[int], max_epochs: int) -> float | None:
-    """Seconds the trials still need, at the pace so far; None before any epoch is trained.
+def trial_epochs_left(epochs: float, rungs: Sequence[int], max_epochs: int, full: float) -> float:
+    """Epochs a search trial that has trained ``epochs`` is expected to train still, on the ladder of ``rungs`` (where
+    trials are judged, below ``max_epochs``) under successive halving, which keeps 1 / eta of the trials at each rung
+    (eta = (max_epochs / rungs[0]) ^ (1 / len(rungs))): the rest of the stretch it is on, then each later one with
+    eta^-k. A trial past a rung was kept there; one at a rung has yet to be judged. ``full``: the epochs of a trial
+    that trains to the end, the retrained tails of a budget-aware ladder included (trainables.core.budgets), spread
+    evenly over its promotions.
 
-    ``finished`` and ``running`` are the epochs of the trials that ended and of the others started. Each
-    trial yet to end is expected to cost the mean epochs of the ended ones (``max_epochs`` before any
-    ended: early stopping makes that an upper bound), less what it has trained.
+    Stops ASHA judges at rungs [4] of 16, no tails (full 16): 4 + 12 / 4 epochs a new trial, 12 for one at 4 that went on.
     """
-    done = sum(finished) + sum(running)
-    if done <= 0 or elapsed_s <= 0:
-        return None
-    cost = sum(finished) / len(finished) if finished else float(max_epochs)
-    waiting = max(num_samples - len(finished) - len(running), 0)
-    remaining = waiting * cost + sum(max(cost - e, 0.0) for e in running)
-    return remaining * elapsed_s / done
+    stops = [*sorted(r for r in set(rungs) if r < max_epochs), max_epochs]
+    eta = (max_epochs / stops[0]) ** (1 / (len(stops) - 1)) if len(stops) > 1 else 1.0
+    tail = (full - max_epochs) / (len(stops) - 1) if len(stops) > 1 else 0.0
+    left, start, reach = 0.0, 0.0, 1.0
+    for i, stop in enumerate(stops):
+        end = stop + i * tail  # epochs trained when the schedule of this stop has finished
+        if epochs <= end:
+            left += reach * (end - max(epochs, start))
+            reach /= eta
+        start = end
+    return left
 
 
-def halving_cost(budgets: list[int]) -> float:
-    """The epochs a search trial is expected to train on the ladder of ``budgets`` (b0 < ... < bn) under successive
-    halving, which keeps 1 / eta of the trials at each rung (eta = (bn / b0) ^ (1 / n)): b0 + sum_i eta^-i (b_i - b_i-1).
-    One budget: b0."""
-    b = sorted(set(budgets))
-    eta = (b[-1] / b[0]) ** (1 / (len(b) - 1)) if len(b) > 1 else 1.0
-    return b[0] + sum(eta**-i * (b[i] - b[i - 1]) for i in range(1, len(b)))
-
-
-def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, budgets: list[int]) -> float:
+def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, rungs: Sequence[int]) -> float:
     """Epochs the study still trains: ``search`` (trials not started, epochs of the ended ones, of the running ones) and
     ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``.
 
-    A search trial is expected to cost the ended ones' mean, drawn towards ``halving_cost(budgets)`` as towards that
-    many eta trials: the first trials to end are the ones the halving promoted (it has nothing to compare them with
-    yet), so their mean alone starts high.
+    A search trial is expected to train what successive halving keeps (:func:`trial_epochs_left`), not the ended ones'
+    mean: ASHA keeps the first trials at a rung freely (it has nothing to compare them with yet), so the first to end
+    cost the whole ladder while the later ones are kept at about 1 / eta (issue 32: the ended mean made a default study
+    that pruned 9 of 16 trials expect 2.4x the search epochs it had left). The longest ended trial gives the ladder's
+    full length once one has trained it.
     """
     waiting, ended, running = search
-    b = sorted(set(budgets) | {max_epochs})
-    eta = (b[-1] / b[0]) ** (1 / (len(b) - 1)) if len(b) > 1 else 1.0
-    cost = (sum(ended) + eta * halving_cost(b)) / (len(ended) + eta)
+    full = max([max_epochs, *ended])
     rerun_waiting, rerun_running = reruns
     return (
-        waiting * cost + sum(max(cost - e, 0.0) for e in running) + rerun_waiting * max_epochs + sum(max_epochs - e for e in rerun_running)
+        waiting * trial_epochs_left(0, rungs, max_epochs, full)
+        + sum(trial_epochs_left(e, rungs, max_epochs, full) for e in running)
+        + rerun_waiting * max_epochs
+        + sum(max_epochs - e for e in rerun_running)
     )
+
+
+def study_epochs_left(
+    ended: list[int],
+    running: list[int],
+    reruns: tuple[int, list[int]],
+    num_samples: int,
+    max_epochs: int,
+    rungs: Sequence[int],
+    race: tuple[int, int, float],
+) -> float:
+    """Epochs a study of ``num_samples`` search trials on ``rungs`` still trains, then its race (``race``: candidates,
+    folds, budget; study.selection): the search trials' epochs, ``ended`` and ``running``; the re-runs started and the
+    epochs of the running ones (``reruns``), and those the race trains if none is dropped (``selection.planned_runs``).
+
+    The race's rounds are counted on the search's epochs trained so far, not on its estimate: the budget's rule lets a
+    whole round (3 re-runs of the full budget in the default study) start or not, so an estimate near its threshold was
+    off by that round either way; what the search has trained never counts a round the race cannot pay for, and is
+    exact at the search's end.
+    """
+    search = (max(num_samples - len(ended) - len(running), 0), ended, running)
+    started, rerun_running = reruns
+    planned = planned_runs(*race, sum(ended) + sum(running), max_epochs)
+    return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs)
 
 
 def format_duration(seconds: float) -> str:
@@ -178,34 +204,42 @@ def format_duration(seconds: float) -> str:
 
 class Progress(Callback):
     """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has ended, the
-    time left (``time_left``).
+    time left (``_time_left``).
 
-    ``num_samples`` search trials, then the race's re-runs, counted apart (never "the best"). ``race``: its
-    candidates, folds and budget (``--confirm-top``, the data's folds, ``--confirm-budget``); the time left counts the
-    re-runs it trains if none is dropped (``selection.planned_runs``) with the search's epochs as estimated so far.
+    ``num_samples`` search trials on the scheduler's ``rungs`` (``EarlyStopping.rungs``; none without early stopping),
+    then the race's re-runs, counted apart (never "the best"). ``race``: its candidates, folds and budget
+    (``--confirm-top``, the data's folds, ``--confirm-budget``); the time left counts the re-runs it trains if none is
+    dropped, each round once the search has trained the epochs that pay for it (:func:`study_epochs_left`).
     """
 
-    def __init__(self, metric: str, mode: str, max_epochs: int, num_samples: int, race: tuple[int, int, float] = (0, 0, 0.0)) -> None:
+    def __init__(
+        self,
+        metric: str,
+        mode: str,
+        max_epochs: int,
+        num_samples: int,
+        race: tuple[int, int, float] = (0, 0, 0.0),
+        rungs: Sequence[int] = (),
+    ) -> None:
         self.metric, self.mode, self.max_epochs, self.num_samples, self.race = metric, mode, max_epochs, num_samples, race
+        self.rungs = tuple(rungs)
         self.started = time.time()
         self.last_line = 0.0
-        self.budgets: set[int] = set()  # the budgets of the ladder, as trials report them
         self.first_result: tuple[float, int] | None = None  # when the first epoch was reported, and the epochs done then
 
     def _time_left(self, trials, search_ended: list[int], search_running: list[int], reruns_running: list[int]) -> float | None:
-        """Seconds the study still needs at the pace since its first reported epoch (Ray's start-up left out): None
-        before a trial has ended (until then a trial's cost is a guess; issue 32: "~38 min left" first, for a
-        14-minute study)."""
+        """Seconds the study still needs (:func:`study_epochs_left`) at the pace since its first reported epoch (Ray's
+        start-up left out): None before a trial has ended (until then a trial's cost is a guess; issue 32: "~38 min
+        left" first, for a 14-minute study)."""
         done = sum(search_ended) + sum(search_running) + sum(reruns_running)
         if not search_ended or self.first_result is None or done <= self.first_result[1]:
             return None
-        search = (max(self.num_samples - len(search_ended) - len(search_running), 0), search_ended, search_running)
-        budgets = sorted(self.budgets)
-        search_epochs = sum(search_ended) + sum(search_running) + epochs_left(search, (0, []), self.max_epochs, budgets)
-        planned = planned_runs(*self.race, search_epochs, self.max_epochs)
         started = len(reruns_running) + sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED)
         pace = (time.time() - self.first_result[0]) / (done - self.first_result[1])
-        return epochs_left(search, (max(planned - started, 0), reruns_running), self.max_epochs, budgets) * pace
+        left = study_epochs_left(
+            search_ended, search_running, (started, reruns_running), self.num_samples, self.max_epochs, self.rungs, self.race
+        )
+        return left * pace
 
     def _outcome(self, trial) -> str:
         return trial_outcome(trial.last_result, error=trial.status == "ERROR", metric=self.metric, max_epochs=self.max_epochs)
@@ -246,8 +280,6 @@ class Progress(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if self.first_result is None:
             self.first_result = (time.time(), sum(trial_epochs(t) for t in trials))
-        if "budget" in result and confirmed_trial(trial.config) is None:
-            self.budgets.add(int(result["budget"]))
         where = f"epoch {result.get('training_iteration')}"
         if "budget" in result:  # a ladder of budgets: the epoch within the schedule of that budget
             where = f"epoch {result.get('epoch')}/{result['budget']}"

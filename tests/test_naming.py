@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from study import console, parent, sync, tracking
-from study.callbacks import MlflowTrials, result_metrics, result_step, time_left
+from study.callbacks import MlflowTrials, result_metrics, result_step
 from study.journal import open_storage
 from study.recorder import TrialRecorder
 from study.records import StudySummary, describe_optuna_study
@@ -218,15 +218,6 @@ def test_the_end_of_a_study_searches_its_trial_runs_once_and_reads_again_only_th
 
 
 # ----------------------------------------------------------------------------- the terminal
-def test_time_left_from_the_pace_so_far():
-    assert time_left(0.0, 4, [], [], 8) is None
-    # two trials of 8 epochs each: one ended after 2 (pruned), one at 4 of (mean cost) 2 -> nothing left for it;
-    # two to go at 2 epochs each: 4 epochs at 6 epochs per 60 s
-    assert time_left(60.0, 4, [2], [4], 8) == pytest.approx(40.0)
-    # nothing ended yet: every trial is assumed to run its full 8 epochs
-    assert time_left(30.0, 2, [], [2], 8) == pytest.approx((6 + 8) * 15.0)
-
-
 def test_printed_commands_use_this_interpreter():
     python = console.python_command("study.final")
     assert python.endswith(" -m study.final")

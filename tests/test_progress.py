@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from study.callbacks import Progress, epochs_left, halving_cost
+from study.callbacks import Progress, epochs_left, trial_epochs_left
 
 METRIC = "val_recall_at_1"
 
@@ -24,33 +24,57 @@ def line(progress: Progress, trials: list, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_halving_cost_by_hand():
-    assert halving_cost([4, 16]) == 4 + 12 / 4  # a quarter of the trials go on from 4 to 16 epochs
-    assert halving_cost([1, 4, 16]) == pytest.approx(1 + 3 / 4 + 12 / 16)  # eta 4: a quarter to 4, a sixteenth to 16
-    assert halving_cost([8]) == 8  # no ladder: every trial trains its budget
+def test_a_trials_epochs_left_on_the_ladder_by_hand():
+    # rungs at 4 of 16 epochs (eta 4); a trial kept at 4 trains 17 in all (the 4-epoch schedule's last epoch retrained)
+    assert trial_epochs_left(0, [4], 16, full=17) == pytest.approx(4 + 13 / 4)  # a quarter go on from rung 4
+    assert trial_epochs_left(2, [4], 16, full=17) == pytest.approx(2 + 13 / 4)
+    assert trial_epochs_left(4, [4], 16, full=17) == pytest.approx(13 / 4)  # at its rung: not judged yet
+    assert trial_epochs_left(5, [4], 16, full=17) == pytest.approx(12)  # past it: kept, trains to the end
+    assert trial_epochs_left(0, [1, 4], 16, full=16) == pytest.approx(1 + 3 / 4 + 12 / 16)  # stock ASHA: no tails
+    assert trial_epochs_left(0, [1, 4], 16, full=18) == pytest.approx(1 + 4 / 4 + 13 / 16)  # a tail of 1 per promotion
+    assert trial_epochs_left(3, [], 8, full=8) == 5  # no rungs: every trial trains the full budget
 
 
 def test_epochs_left_by_hand():
-    # budgets 2, 8 (eta 4): 2 + 6 / 4 = 3.5 epochs a trial; one trial ended after 8 (promoted): (8 + 4 x 3.5) / 5 = 4.4;
-    # 2 not started (8.8), one at 2 epochs (2.4 more), a re-run not started (8): 19.2
-    assert epochs_left((2, [8], [2]), (1, []), 8, [2]) == pytest.approx(19.2)
-    assert epochs_left((0, [8, 2], []), (0, [3]), 8, [2, 8]) == pytest.approx(5)  # only a re-run's 5 epochs left
+    # rungs at 2 of 8 (eta 4): 2 + 6 / 4 = 3.5 epochs a new trial, 2 not started (7); one at its rung (6 / 4 = 1.5);
+    # a re-run not started (8): 16.5
+    assert epochs_left((2, [8], [2]), (1, []), 8, [2]) == pytest.approx(16.5)
+    assert epochs_left((0, [8, 2], []), (0, [3]), 8, [2]) == pytest.approx(5)  # only a re-run's 5 epochs left
+
+
+def test_the_trials_to_come_cost_what_halving_keeps_not_what_the_first_to_end_cost():
+    # ASHA keeps the first trials at a rung (it has nothing to compare them with): 4 ended after the whole ladder
+    # (17 epochs). Each of the 10 not started costs 4 + 13 / 4 = 7.25, not the 17 the first ones did, and the one
+    # running at 9 epochs (kept at rung 4) trains its last 8
+    assert epochs_left((10, [17] * 4, [9]), (0, []), 16, [4]) == pytest.approx(72.5 + 8)
 
 
 def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoch(capsys):
-    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, race=(1, 2, 0.5))  # one candidate, one fold to race on: one re-run
+    # rungs at 2 of 8 epochs; one candidate, one fold to race on: one re-run
+    progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, race=(1, 2, 0.5), rungs=(2,))
     progress.started = time.time() - 30  # 30 s into the study, the first epoch reported 10 s in (Ray's start-up before)
-    progress.first_result, progress.budgets = (time.time() - 20, 0), {2, 8}
+    progress.first_result = (time.time() - 20, 0)
     first = line(progress, [trial("a", "RUNNING", 6), trial("b", "RUNNING", 2)], capsys)
     assert re.match(r"\[\s+30 s\] 2/4 trials", first) and "left" not in first  # a guess is not shown
-    # a ended after 8 epochs: 10 epochs in the 20 s since the first, 2 s each; 19.2 epochs left (test_epochs_left_by_hand)
+    # a ended after 8 epochs: 10 epochs in the 20 s since the first, 2 s each; 16.5 epochs left (test_epochs_left_by_hand)
     ended = [trial("a", "TERMINATED", 8), trial("b", "RUNNING", 2)]
-    assert re.match(r"\[\s+30 s, ~38 s left\] 2/4 trials: 1 running, 1 complete, 0 pruned", line(progress, ended, capsys))
+    assert re.match(r"\[\s+30 s, ~33 s left\] 2/4 trials: 1 running, 1 complete, 0 pruned", line(progress, ended, capsys))
     # the re-run started and trained 3 epochs, b was pruned at 2, and the other two trials ended (2 epochs each):
     # 5 epochs of the re-run left, at 20 s / 17 epochs
     done = [trial("a", "TERMINATED", 8), trial("b", "TERMINATED", 2), trial("c", "TERMINATED", 2), trial("d", "TERMINATED", 2)]
     rerun = trial("r", "RUNNING", 3, confirms_trial=0)
     assert re.match(r"\[\s+30 s, ~6 s left\] 4/4 trials", line(progress, [*done, rerun], capsys))
+
+
+def test_the_races_rounds_count_once_the_search_has_trained_their_budget(capsys):
+    # the default study's race: 3 candidates, 5 folds, 0.6 x the search's epochs; rungs at 4 of 16, 17 epochs a kept
+    # trial. 6 kept and 4 pruned trials ended (118 epochs), 6 to come (6 x 7.25 = 43.5 more: 161.5 in all, which
+    # would pay for a second round of 3 re-runs: 0.6 x 161.5 >= 96). On the 118 epochs trained, 0.6 x 118 = 70.8 pays
+    # for the first round only: 43.5 + 48 epochs, at 0.5 s each since the first
+    progress = Progress(METRIC, "max", max_epochs=16, num_samples=16, race=(3, 5, 0.6), rungs=(4,))
+    progress.first_result = (time.time() - 59, 0)
+    ended = [trial(f"k{i}", "TERMINATED", 17, budget=16) for i in range(6)] + [trial(f"p{i}", "TERMINATED", 4, budget=4) for i in range(4)]
+    assert "~46 s left" in line(progress, ended, capsys)
 
 
 def test_durations_read_in_seconds_up_to_three_minutes_then_minutes_then_hours():
@@ -94,4 +118,37 @@ def test_the_eta_bench_puts_each_miss_down_to_the_epochs_or_the_pace_and_replays
         "0 of 2 estimates within 50 % (lines with epochs still to train); off by more than 50 % on their own: the epochs "
         "expected 0 times, the pace so far 1 times. Replayed: 1 of 2 with the pace of the last 60 s, 0 of 2 with the pace "
         "of the last 120 s, 0 of 2 with the pace of the last 300 s"
+    )
+
+
+def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs_left():
+    """bench/eta.py --runs: each line's estimate made again from the study's records. Two trials of up to 4 epochs on
+    a rung at 1 (eta 4), then a race of 1 candidate on 1 more fold (one re-run of 4 epochs); the log's clock is
+    MLflow's less 950 s. Every number below by hand."""
+    from bench.eta import replay, state_at
+    from tests.conftest import recorded_params
+
+    trials = {
+        "aaaaaaaa": ("trial", [1000, 1010, 1020, 1030]),  # kept at its rung, trained to the end
+        "bbbbbbbb": ("trial", [1005]),  # pruned at the rung
+        "cccccccc": ("confirmation", [1040, 1050, 1060, 1070]),
+    }
+    assert state_at(trials, 1005) == ([1], [1], (0, []))  # b has ended (its last epoch), a runs on
+    assert state_at(trials, 1050) == ([4, 1], [], (1, [2]))
+    lines = [
+        "[    50 s] 1/2 trials | aaaaaaaa epoch 1/1: val 0.5",
+        # a at its rung (not judged yet: 3 / 4 more), the re-run to come (4): 4.75 epochs against the 7 that came;
+        # at 5 s an epoch so far 23.75 s against 65 s: the epochs within 50 %, the seconds not
+        "[    55 s, ~1 min left] 2/2 trials | bbbbbbbb epoch 1/1: val 0.4",
+        # the search over: the re-run's 4 epochs, the right count; 7.5 s an epoch so far: 30 s against 40 s
+        "[    80 s, ~30 s left] 2/2 trials | aaaaaaaa epoch 4/4: val 0.7",
+        # the re-run at 2 of 4: 2 epochs, the right count; 50 s / 6 epochs: 16.7 s against 20 s
+        "[   100 s, ~20 s left] 2/2 trials | cccccccc epoch 2/4: val 0.7",
+        "[   120 s] 2/2 trials | cccccccc epoch 4/4: val 0.7",
+    ]
+    params = recorded_params(epochs=4, num_samples=2, scheduler="budget", grace_period=1, reduction_factor=4.0, confirm_top=1,
+                             val_folds=2, confirm_budget=0.5)  # fmt: skip
+    assert replay(lines, trials, params) == (
+        "Replayed with this checkout's epochs left: 2 of 3 estimates within 50 %; the epochs expected within 50 % of those "
+        "trained after the line 3 times"
     )
