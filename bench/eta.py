@@ -10,7 +10,9 @@ With ``--runs``, the study's MLflow store (``DML_RUNS_DIR``, its ``mlflow.db``) 
 estimate is split in two: the epochs it expected against the epochs the study really trained after it, and the pace
 so far (seconds per epoch, the whole study's slots together) against the pace that followed. A miss is put down to
 the factor that alone would miss by more than 50 %. It also replays the estimate with the pace of the last W
-seconds instead of the pace since the first epoch (the estimate x recent pace / pace so far), for a few W.
+seconds instead of the pace since the first epoch (the estimate x recent pace / pace so far), for a few W. And it
+replays every line with this checkout's count of the epochs left (``callbacks.study_epochs_left``) on the state the
+records give for that moment, times the pace so far: how the code as it is now does on the same study.
 
   python -m study.launch | tee /tmp/study.out && python bench/eta.py /tmp/study.out
   python bench/eta.py /tmp/study.out --markdown docs/bench/eta.md
