@@ -132,7 +132,7 @@ def trial_epochs_left(epochs: float, rungs: Sequence[int], max_epochs: int, full
     that trains to the end, the retrained tails of a budget-aware ladder included (trainables.core.budgets), spread
     evenly over its promotions.
 
-    Stops ASHA judges at rungs [4] of 16, no tails (full 16): 4 + 12 / 4 epochs a new trial, 12 for one at 4 that went on.
+    For stock ASHA's rung at 4 of 16 epochs, no tails (full 16): 4 + 12 / 4 epochs a new trial, 11 for one at 5 (kept).
     """
     stops = [*sorted(r for r in set(rungs) if r < max_epochs), max_epochs]
     eta = (max_epochs / stops[0]) ** (1 / (len(stops) - 1)) if len(stops) > 1 else 1.0
