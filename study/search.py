@@ -39,6 +39,7 @@ from study.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, r
 
 log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED)  # a trial that trained and was told: it counts among the study's
 
 
 def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
@@ -82,10 +83,16 @@ class OptunaSearcher(Searcher):
 
     @property
     def study(self) -> optuna.Study:
-        """The Optuna study, opened on first use (a searcher pickles without it)."""
+        """The Optuna study, opened on first use (a searcher pickles without it).
+
+        Its sampler is seeded with ``seed`` plus the number of trials already stored: a fresh study draws as its seed
+        says, and a resumed one does not draw the first run's configs again (its random start would repeat them).
+        """
         if self._study is None:
-            sampler = make_sampler(self.space, self.seed, self.sampler)
-            self._study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage), sampler=sampler)
+            storage = open_storage(self.storage)
+            stored = len(optuna.load_study(study_name=self.study_name, storage=storage).get_trials(deepcopy=False))
+            sampler = make_sampler(self.space, self.seed + stored, self.sampler)
+            self._study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
         return self._study
 
     def __getstate__(self) -> dict[str, Any]:
@@ -152,11 +159,14 @@ class OptunaSearcher(Searcher):
 
         The resume's reconciliation: Tune saves this state with each snapshot of its trials, so an Optuna trial still
         RUNNING that is not among the saved live ones was asked for after the last snapshot, and no restored Tune trial
-        continues it: it is told FAIL. (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, cost a resume of
-        5,000 trials about a minute: it also reads every trial's results.)
+        continues it: it is told FAIL. One that ended COMPLETE or PRUNED since is counted as asked for, though no
+        restored Tune trial holds it: the study asks for no other in its place (a FAIL one is replaced, as an orphan
+        is). (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, cost a resume of 5,000 trials about a
+        minute: it also reads every trial's results.)
         """
-        self.numbers = state["numbers"]
         stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        ended = {t.user_attrs["tune_trial_id"]: n for n, t in stored.items() if t.state in ENDED and "tune_trial_id" in t.user_attrs}
+        self.numbers = {**ended, **state["numbers"]}
         self._live = {tid: trial for tid, trial in state["live"].items() if not stored[trial.number].state.is_finished()}
         self._reported = {tid: set(stored[trial.number].intermediate_values) for tid, trial in self._live.items()}
         continued = {trial.number for trial in self._live.values()}

@@ -206,6 +206,42 @@ def test_a_restored_searcher_fails_the_optuna_trials_asked_for_after_its_last_sa
     assert list(after._live) == ["running"]
 
 
+def test_a_restored_searcher_counts_the_trials_that_ended_after_its_last_save(tmp_path):
+    """Tune's snapshot (and the searcher's state saved with it) can be older than the Optuna journal: a trial asked
+    for and ended after it is told in the journal, recorded, and in no restored Tune trial. The restored searcher
+    counts it among the study's trials, so a study of 3 trials asks for 3 in all, not a 4th in its place (a full
+    disk's torn state, resumed from its last good copy, once ended with 7 trials of 6)."""
+    from ray.tune.search import Searcher
+
+    storage = f"journal:{tmp_path / 'journal.log'}"
+    before = racing(storage, trials=3, budget=0.0)
+    before.suggest("a")
+    before.suggest("b")
+    before.save(str(tmp_path / "state.pkl"))
+    before.suggest("late")  # asked for after the last save, and ended before the driver was killed
+    finish(before, "late", 0.5)
+    after = pickle.loads(pickle.dumps(before))
+    after.restore(str(tmp_path / "state.pkl"))
+    assert set(after.numbers) == {"a", "b", "late"} and set(after._live) == {"a", "b"}
+    assert after.suggest("c") == Searcher.FINISHED
+    assert [t.state for t in after.study.get_trials()] == [TrialState.RUNNING, TrialState.RUNNING, TrialState.COMPLETE]
+
+
+def test_a_restored_searcher_does_not_suggest_again_the_configs_its_seed_gave_before(tmp_path):
+    """A resumed study opens its sampler anew with the study's seed. Seeded as the first run was, its random start
+    would draw the first run's configs again (a resumed study once re-ran trials 0-2's configs as trials 6-8); it is
+    seeded by the seed and the trials already stored instead. A fresh study keeps the seed as given."""
+    url = f"journal:{tmp_path / 'journal.log'}"
+    before = new_searcher(url)
+    first = [before.suggest(tid)["lr"] for tid in ("a", "b")]
+    assert new_searcher(f"journal:{tmp_path / 'other.log'}").suggest("x")["lr"] == first[0]  # the seed, as given
+    before.save(str(tmp_path / "state.pkl"))
+    after = new_searcher(url)
+    after.restore(str(tmp_path / "state.pkl"))
+    later = [after.suggest(tid)["lr"] for tid in ("c", "d")]
+    assert not set(later) & set(first), (first, later)
+
+
 def test_restored_grid_searcher_still_knows_how_many_points_it_asked_for(tmp_path):
     url = f"journal:{tmp_path / 'journal.log'}"
     before = new_searcher(url, GRID)
