@@ -67,7 +67,7 @@ def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoc
 
 
 def test_the_races_rounds_count_once_the_search_has_trained_their_budget(capsys):
-    # the default study's race: 3 candidates, 5 folds, 0.6 x the search's epochs; rungs at 4 of 16, 17 epochs a kept
+    # the default's race at val_fraction 0.2: 3 candidates, 5 folds, 0.6 x the search's epochs; rungs at 4 of 16, 17 epochs a kept
     # trial. 6 kept and 4 pruned trials ended (118 epochs), 6 to come (6 x 7.25 = 43.5 more: 161.5 in all, which
     # would pay for a second round of 3 re-runs: 0.6 x 161.5 >= 96). On the 118 epochs trained, 0.6 x 118 = 70.8 pays
     # for the first round only: 43.5 + 48 epochs, at 0.5 s each since the first
