@@ -86,6 +86,17 @@ def test_a_finished_longer_budget_ends_higher():
     assert 0.6 < final_recall(DEFAULT, 16) < 0.85  # ... and 0.6-0.85 at 16 epochs
 
 
+def test_an_epoch_and_the_softmax_loss_start_follow_the_fit_classes_of_the_validation_fraction():
+    """As the real split holds out round(val_fraction x 136) of Omniglot's training characters: 0.2 leaves 109 (2,180
+    images), 0.3 leaves 95 (1,900). A batch of 16 x 3 = 48 images: 2180 // 48 = 45, 1900 // 48 = 39 steps an epoch.
+    The softmax loss starts at ln(fit classes): ln 109 = 4.691, ln 95 = 4.554 before the curve and the lr scale it."""
+    batch = DEFAULT.replace(classes_per_batch=16, samples_per_class=3)
+    assert [surrogate.steps_per_epoch(batch.replace(val_fraction=f)) for f in (0.2, 0.3)] == [45, 39]
+    assert [surrogate.fit_classes(batch.replace(val_fraction=f)) for f in (0.2, 0.3)] == [109, 95]
+    losses = [surrogate_metrics(batch.replace(val_fraction=f, loss="softmax"), 4, 1)["train_loss"] for f in (0.2, 0.3)]
+    assert losses[1] / losses[0] == pytest.approx(math.log(95) / math.log(109))
+
+
 def test_an_lr_far_from_the_sweet_spot_scores_lower():
     sweet = final_recall(DEFAULT.replace(lr=2e-3), 16)
     for lr in (1e-5, 1e-4, 0.1, 1.0):

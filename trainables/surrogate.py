@@ -48,7 +48,7 @@ m = 1 - r), with the constants fitted to docs/results.md's tables::
     val_r_precision  = map_at_r^0.85                    a little above MAP@R
     val_nmi          = 0.3 + 0.65 r
     train_loss       = L0 (1 - 0.7 (A - R0) / (1 - R0) P(e v)) (1 - 0.15 d_lr)   falls every epoch of a budget
-                       L0 = ln(109 fit classes) (softmax), (k - 1) ln(C k - k + 1) (ice)
+                       L0 = ln(fit classes) (softmax), (k - 1) ln(C k - k + 1) (ice)
     train_accuracy   = r^1.5
     train_mean_proxy_norm = 0.5 exp(-3 mean_proxy_weight) (1 - 0.5 P(e v))   (softmax)
     lr_now = lr * schedule.lr_factor_at(config_b, s);  alpha_now = schedule.alpha_at(config_b, s)   (softmax)
@@ -92,8 +92,7 @@ LR_SWEET = {"adam": 2e-3, "adamw": 2e-3, "sgd": 5e-2}
 NORMALIZATION_GAIN = {"bn": 0.0, "l2": -0.015, "none": -0.05}
 SEED_NOISE, EPOCH_NOISE = 0.01, 0.005  # standard deviations of R@1 between seeds and between evaluations
 FOLD_NOISE = 0.01  # of a config's R@1 between validation folds (classes held out), beside fold 0's
-OMNIGLOT_FIT_IMAGES = 2180  # 109 fit characters x 20 (images_background_small1 less the validation fifth)
-OMNIGLOT_FIT_CLASSES = 109
+OMNIGLOT_TRAIN_CLASSES, OMNIGLOT_IMAGES_PER_CLASS = 136, 20  # images_background_small1: 136 characters x 20 drawers
 RECALL_KS = (1, 2, 4, 8)  # Omniglot's
 
 
@@ -127,9 +126,15 @@ def asymptote(config: TrainConfig) -> float:
     return min(max(A_BASE + gain, R0 + 0.05), 0.95)
 
 
+def fit_classes(config: TrainConfig) -> int:
+    """Omniglot's training characters less the validation fold, as ``data.split_classes`` holds out: 109 at
+    ``val_fraction`` 0.2, 95 at 0.3."""
+    return OMNIGLOT_TRAIN_CLASSES - int(round(config.val_fraction * OMNIGLOT_TRAIN_CLASSES))
+
+
 def steps_per_epoch(config: TrainConfig) -> int:
     """Batches of an Omniglot study epoch, as the sampler counts them (fit images // batch size)."""
-    return max(1, OMNIGLOT_FIT_IMAGES // config.batch_size)
+    return max(1, fit_classes(config) * OMNIGLOT_IMAGES_PER_CLASS // config.batch_size)
 
 
 def config_key(config: TrainConfig) -> int:
@@ -164,7 +169,7 @@ def surrogate_metrics(config: TrainConfig, budget: int, epoch: int) -> dict[str,
     miss = 1.0 - r
     map_at_r = 0.72 * r**2.35
     if config.loss == "softmax":
-        start_loss = math.log(OMNIGLOT_FIT_CLASSES)
+        start_loss = math.log(fit_classes(config))
     else:
         k = config.samples_per_class
         start_loss = (k - 1) * math.log(config.classes_per_batch * k - k + 1)
