@@ -86,11 +86,13 @@ class OptunaSearcher(Searcher):
         """The Optuna study, opened on first use (a searcher pickles without it).
 
         Its sampler is seeded with ``seed`` plus the number of trials already stored: a fresh study draws as its seed
-        says, and a resumed one does not draw the first run's configs again (its random start would repeat them).
+        says, and a resumed one does not draw the first run's configs again (its random start would repeat them). A
+        grid keeps ``seed``: GridSampler gives trial k the k-th point of its seeded shuffle, which must stay the same.
         """
         if self._study is None:
             storage = open_storage(self.storage)
-            stored = len(optuna.load_study(study_name=self.study_name, storage=storage).get_trials(deepcopy=False))
+            found = [] if self.space.is_grid else optuna.load_study(study_name=self.study_name, storage=storage).get_trials(deepcopy=False)
+            stored = len(found)
             sampler = make_sampler(self.space, self.seed + stored, self.sampler)
             self._study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
         return self._study
@@ -161,8 +163,9 @@ class OptunaSearcher(Searcher):
         RUNNING that is not among the saved live ones was asked for after the last snapshot, and no restored Tune trial
         continues it: it is told FAIL. One that ended COMPLETE or PRUNED since is counted as asked for, though no
         restored Tune trial holds it: the study asks for no other in its place (a FAIL one is replaced, as an orphan
-        is). (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, cost a resume of 5,000 trials about a
-        minute: it also reads every trial's results.)
+        is). The progress line counts Tune's trials, so it then ends one short of ``num_samples``; the summary and the
+        records, read from the storage, count it. (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, cost a
+        resume of 5,000 trials about a minute: it also reads every trial's results.)
         """
         stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
         ended = {t.user_attrs["tune_trial_id"]: n for n, t in stored.items() if t.state in ENDED and "tune_trial_id" in t.user_attrs}

@@ -242,6 +242,21 @@ def test_a_restored_searcher_does_not_suggest_again_the_configs_its_seed_gave_be
     assert not set(later) & set(first), (first, later)
 
 
+def test_a_restored_grid_searcher_asks_for_each_point_once(tmp_path):
+    """GridSampler shuffles its points by its seed and gives trial k the k-th: a resumed grid keeps the study's seed
+    (a seed moved by the trials stored, as TPE's is, would shuffle anew and repeat points the first run had)."""
+    grid = {"fixed": {"dataset": "synthetic", "epochs": EPOCHS}, "grid": {"lr": [0.001, 0.002, 0.003, 0.005, 0.007, 0.01]}}
+    url = f"journal:{tmp_path / 'journal.log'}"
+    before = new_searcher(url, grid)
+    first = [before.suggest(tid)["lr"] for tid in "abc"]
+    before.save(str(tmp_path / "state.pkl"))
+    after = new_searcher(url, grid)
+    after.restore(str(tmp_path / "state.pkl"))
+    later = [after.suggest(tid)["lr"] for tid in "def"]
+    assert sorted(first + later) == grid["grid"]["lr"], (first, later)
+    assert after.suggest("g") == after.FINISHED
+
+
 def test_restored_grid_searcher_still_knows_how_many_points_it_asked_for(tmp_path):
     url = f"journal:{tmp_path / 'journal.log'}"
     before = new_searcher(url, GRID)
