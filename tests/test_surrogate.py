@@ -304,16 +304,35 @@ def local_ray() -> Iterator[LocalRay]:
             ray.shutdown()
 
 
-def fit(tmp_path, name: str, seeds: list[int], max_failures: int, checkpoint_every_s: float = 0.0) -> tune.ResultGrid:
+class Reported(tune.Callback):
+    """Every result the driver received, by trial id, in order: what the study's MLflow callback records. (Ray's own
+    result.json of a trial that failed and was retried can lack the rows of the failed attempt: seen once, under
+    load, with every row in its progress.csv.)"""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[dict]] = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.rows.setdefault(trial.trial_id, []).append(dict(result))
+
+
+def fit(tmp_path, name: str, seeds: list[int], max_failures: int, checkpoint_every_s: float = 0.0) -> tuple[tune.ResultGrid, Reported]:
+    reported = Reported()
     tuner = tune.Tuner(
         tune.with_parameters(train_surrogate, budgets=[1, 3], epoch_seconds=0.0, checkpoint_every_s=checkpoint_every_s),
         param_space={**CONFIG, "seed": tune.grid_search(seeds)},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(tmp_path / "ray"), verbose=0, failure_config=tune.FailureConfig(max_failures=max_failures)
+            name=name, storage_path=str(tmp_path / "ray"), verbose=0, failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=[reported],
         ),
-    )
-    return tuner.fit()
+    )  # fmt: skip
+    return tuner.fit(), reported
+
+
+def reported_frame(reported: Reported, result: tune.Result) -> pd.DataFrame:
+    """The results the driver received from ``result``'s trial, one row each."""
+    return pd.DataFrame(reported.rows[result.metrics["trial_id"]])
 
 
 def ladder_rows(frame: pd.DataFrame) -> list[tuple[int | None, ...]]:
@@ -323,10 +342,10 @@ def ladder_rows(frame: pd.DataFrame) -> list[tuple[int | None, ...]]:
 @pytest.mark.slow
 def test_a_tune_run_reports_every_epoch_of_the_ladder(local_ray, tmp_path):
     local_ray.start({})
-    results = fit(tmp_path, "plain", [0, 1], max_failures=0)
+    results, reported = fit(tmp_path, "plain", [0, 1], max_failures=0)
     assert len(results) == 2 and not results.errors
     for result in results:
-        frame = result.metrics_dataframe
+        frame = reported_frame(reported, result)
         assert ladder_rows(frame) == LADDER_1_3
         config = TrainConfig.from_dict({**CONFIG, "seed": result.config["seed"]})
         for _, row in frame.iterrows():
@@ -346,12 +365,12 @@ def test_a_tune_run_reports_every_epoch_of_the_ladder(local_ray, tmp_path):
 @pytest.mark.slow
 def test_a_trial_that_fails_resumes_from_its_checkpoint(local_ray, tmp_path):
     local_ray.start({surrogate.FAULT_ENV: "2"})  # each trial raises once after its 2nd epoch, before reporting it
-    results = fit(tmp_path, "faulty", [0], max_failures=1)
+    results, reported = fit(tmp_path, "faulty", [0], max_failures=1)
     assert len(results) == 1 and not results.errors
     result = results[0]
     assert result.metrics["epochs_trained"] == 4 and result.metrics["completed_budget"] == 3  # the ladder's total
     assert (Path(result.path) / surrogate.FAULT_DONE).is_file()  # the fault did fire
-    frame = result.metrics_dataframe
+    frame = reported_frame(reported, result)
     assert ladder_rows(frame) == LADDER_1_3  # every epoch once: the retry went on from the checkpoint of epoch 1
     assert [None if pd.isna(tag) else tag for tag in frame["resumed_from_epoch"]] == [None, "1", "1", "1"]
     saved = json.loads((Path(result.checkpoint.path) / surrogate.STATE_NAME).read_text())
@@ -361,11 +380,11 @@ def test_a_trial_that_fails_resumes_from_its_checkpoint(local_ray, tmp_path):
 @pytest.mark.slow
 def test_a_trial_without_a_checkpoint_yet_retries_from_its_start_and_reports_each_epoch_again(local_ray, tmp_path):
     local_ray.start({surrogate.FAULT_ENV: "2"})  # raises once after its 2nd epoch; no epoch was checkpointed
-    results = fit(tmp_path, "sparse", [0], max_failures=1, checkpoint_every_s=3600.0)
+    results, reported = fit(tmp_path, "sparse", [0], max_failures=1, checkpoint_every_s=3600.0)
     assert len(results) == 1 and not results.errors
     result = results[0]
     assert result.checkpoint is None and not list(Path(result.path).glob("checkpoint_*"))  # none in an hour
-    frame = result.metrics_dataframe
+    frame = reported_frame(reported, result)
     # the first attempt reported epoch 1 (its 2nd raised before its report); the retry started over: 1, 2, 3, 4
     assert ladder_rows(frame) == [LADDER_1_3[0], *LADDER_1_3]
     assert "resumed_from_epoch" not in frame.columns
