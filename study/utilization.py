@@ -14,7 +14,7 @@
 What a slot spends outside its trials' epochs is overhead: a new worker and its imports, the
 dataset decoded for the trial, the model built, checkpoints written, scheduling gaps. The
 functions here are pure (numbers in, numbers out); the ``*_from_*`` readers take the records a
-study already keeps: Tune's results, MLflow child runs, the Optuna study.
+study already keeps: MLflow child runs, the Optuna study.
 """
 
 from __future__ import annotations
@@ -142,24 +142,6 @@ def study_utilization(
 
 
 # ----------------------------------------------------------------------------- readers of a study's records
-def epochs_from_results(results: Iterable[Any]) -> dict[str, list[dict[str, float]]]:
-    """Trial id -> its epochs' timings, from Tune results (a ``ResultGrid`` or ``Result`` objects).
-
-    Reads each ``Result.metrics_dataframe`` (every report of the trial, retries included), so it
-    works while MLflow is away.
-    """
-    out: dict[str, list[dict[str, float]]] = {}
-    for index, result in enumerate(results):
-        frame = getattr(result, "metrics_dataframe", None)
-        if frame is None or len(frame) == 0:
-            continue
-        columns = [c for c in frame.columns if c in SPELLINGS]
-        rows = [epoch_times(row) for row in frame[columns].to_dict("records")] if columns else []
-        trial_id = str(frame["trial_id"].iloc[0]) if "trial_id" in frame.columns else str(index)
-        out[trial_id] = rows
-    return out
-
-
 def epochs_from_mlflow(
     client, experiment_id: str, parent_run_id: str, kinds: Iterable[str] = TRIAL_KINDS, since: float | None = None
 ) -> dict[str, list[dict[str, float]]]:

@@ -6,7 +6,6 @@ import datetime
 import math
 from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 from mlflow.store.entities import PagedList
 
@@ -60,14 +59,6 @@ def test_empty_wall_time_gives_nan():
 )
 def test_concurrent_slots(kwargs, slots):
     assert u.concurrent_slots(**kwargs) == slots
-
-
-def test_epochs_from_results_reads_every_report():
-    frame = pd.DataFrame({"trial_id": ["t1"] * 3, "time_epoch_s": [2.0, 2.5, 3.0], "time_eval_s": [0.5, 0.5, 0.5], "loss": [1, 2, 3]})
-    results = [SimpleNamespace(metrics_dataframe=frame), SimpleNamespace(metrics_dataframe=None)]
-    epochs = u.epochs_from_results(results)
-    assert list(epochs) == ["t1"]
-    assert u.in_trial_seconds(epochs["t1"]) == 7.5
 
 
 class FakeMlflow:
