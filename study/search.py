@@ -42,10 +42,16 @@ STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialS
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED)  # a trial that trained and was told: it counts among the study's
 
 
-def make_sampler(space: Space, seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
-    """Grid spaces: Optuna's GridSampler; else TPE (multivariate, grouped, constant liar) or plain random search."""
+def make_sampler(space: Space, seed: int, kind: str = "tpe", stored: int = 0) -> optuna.samplers.BaseSampler:
+    """Grid spaces: Optuna's GridSampler; else TPE (multivariate, grouped, constant liar) or plain random search.
+
+    ``stored``: the trials the study already has (a resumed study). TPE and random search are seeded with ``seed +
+    stored``, so that a resumed study's random draws are not the first run's again; a grid keeps ``seed``
+    (GridSampler gives trial k the k-th point of its seeded shuffle, which must stay the same).
+    """
     if space.is_grid:
         return optuna.samplers.GridSampler(space.grid_search_space(), seed=seed)
+    seed += stored
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind != "tpe":
@@ -83,18 +89,12 @@ class OptunaSearcher(Searcher):
 
     @property
     def study(self) -> optuna.Study:
-        """The Optuna study, opened on first use (a searcher pickles without it).
-
-        Its sampler is seeded with ``seed`` plus the number of trials already stored: a fresh study draws as its seed
-        says, and a resumed one does not draw the first run's configs again (its random start would repeat them). A
-        grid keeps ``seed``: GridSampler gives trial k the k-th point of its seeded shuffle, which must stay the same.
-        """
+        """The Optuna study, opened on first use (a searcher pickles without it), with the sampler of its seed and the
+        trials it already has (``make_sampler``: a fresh study draws as its seed says, a resumed one anew)."""
         if self._study is None:
-            storage = open_storage(self.storage)
-            found = [] if self.space.is_grid else optuna.load_study(study_name=self.study_name, storage=storage).get_trials(deepcopy=False)
-            stored = len(found)
-            sampler = make_sampler(self.space, self.seed + stored, self.sampler)
-            self._study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
+            study = optuna.load_study(study_name=self.study_name, storage=open_storage(self.storage))
+            study.sampler = make_sampler(self.space, self.seed, self.sampler, stored=len(study.get_trials(deepcopy=False)))
+            self._study = study
         return self._study
 
     def __getstate__(self) -> dict[str, Any]:

@@ -78,7 +78,7 @@ from ray import tune
 from trainables.cadence import CheckpointCadence
 from trainables.core import schedule
 from trainables.core.budgets import check_budgets
-from trainables.core.config import TrainConfig, applicable_keys
+from trainables.core.config import TrainConfig, applicable_keys, held_out_classes
 
 STATE_NAME = "surrogate.json"  # the checkpoint: a LadderPlace as JSON
 # The same variable as trainables.dml.FAULT_ENV and the same marker file as train_dml's, spelled again here because
@@ -129,7 +129,7 @@ def asymptote(config: TrainConfig) -> float:
 def fit_classes(config: TrainConfig) -> int:
     """Omniglot's training characters less the validation fold, as ``data.split_classes`` holds out: 109 at
     ``val_fraction`` 0.2, 95 at 0.3."""
-    return OMNIGLOT_TRAIN_CLASSES - int(round(config.val_fraction * OMNIGLOT_TRAIN_CLASSES))
+    return OMNIGLOT_TRAIN_CLASSES - held_out_classes(OMNIGLOT_TRAIN_CLASSES, config.val_fraction)
 
 
 def steps_per_epoch(config: TrainConfig) -> int:

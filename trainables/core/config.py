@@ -40,6 +40,11 @@ class ConfigError(ValueError):
     """A config key has a value that is not allowed; the message names the key."""
 
 
+def held_out_classes(classes: int, val_fraction: float) -> int:
+    """How many of ``classes`` training classes a validation fold of ``val_fraction`` holds out: round(fraction x N)."""
+    return int(round(val_fraction * classes))
+
+
 @dataclass(frozen=True)
 class Range:
     """The values a numeric key accepts: finite numbers from ``low`` to ``high`` (an open end excluded), or ``special``."""

@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from trainables.core.config import held_out_classes
+
 log = logging.getLogger(__name__)
 
 DATA_ROOT_ENV = "DML_DATA_ROOT"
@@ -489,7 +491,7 @@ def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0, fold: 
     depends only on the classes, the fraction, ``seed`` and ``fold`` (not on a trial's training seed).
     """
     classes = np.unique(labels)
-    n_val = int(round(val_fraction * len(classes)))
+    n_val = held_out_classes(len(classes), val_fraction)
     if n_val < 2 or len(classes) - n_val < 2:
         raise DatasetError(
             f"val_fraction={val_fraction} of {len(classes)} training classes leaves {n_val} validation and "
@@ -557,7 +559,7 @@ def validation_folds(train: ImageSet, val_split: str, val_fraction: float) -> in
     """How many class-disjoint validation folds the training set has (``val_fold`` takes 0 to this less 1)."""
     if val_split == "classes":
         n = len(train.classes)
-        return n // max(int(round(val_fraction * n)), 1)
+        return n // max(held_out_classes(n, val_fraction), 1)
     alphabet_of = alphabets(train)
     return len(alphabet_folds(alphabet_of, val_fraction)) if alphabet_of else 0
 
