@@ -67,6 +67,11 @@ def snapshot_files(folder: Path) -> list[Path]:
     return sorted(max(found) for pattern in STATE_PATTERNS if (found := list(folder.glob(pattern))))
 
 
+def kinds(files: list[Path]) -> set[str]:
+    """Which of ``STATE_PATTERNS`` the files are."""
+    return {pattern for pattern in STATE_PATTERNS for path in files if path.match(pattern)}
+
+
 def readable(path: Path) -> bool:
     """Whether a state file reads back whole: JSON parses (a large one: starts with '{' and ends with '}'), a pickle
     loads (Tune writes its searchers' state as pickles, whatever the file's suffix)."""
@@ -85,22 +90,27 @@ def readable(path: Path) -> bool:
 
 def keep_good_state(experiment_dir: str) -> bool:
     """Copies the experiment's snapshot (``snapshot_files``) into ``.last-good/`` when every file reads back; True when
-    copied. Copies of an older snapshot left there are removed."""
+    copied. Tune rewrites its files in place, so each copy is checked again after it is made: a copy that caught a
+    file mid-rewrite is dropped with the rest, and the previous good copy stays. So does a copy that holds more kinds
+    of file than the snapshot (Tune's first snapshot, caught before all its files arrived). Copies of an older
+    snapshot left there are removed."""
     folder = Path(experiment_dir)
-    files = snapshot_files(folder)
-    if not files or not all(readable(path) for path in files):
+    files, good = snapshot_files(folder), folder / GOOD
+    if not files or not all(readable(path) for path in files) or kinds(state_files(good)) - kinds(files):
         return False
-    good = folder / GOOD
     good.mkdir(exist_ok=True)
-    for path in files:
-        tmp = good / f".{path.name}.tmp"
-        try:
+    copies = [(good / f".{path.name}.tmp", good / path.name) for path in files]
+    try:
+        for path, (tmp, _) in zip(files, copies, strict=True):
             shutil.copyfile(path, tmp)
-            os.replace(tmp, good / path.name)
-        except OSError:
+        if not all(readable(tmp) for tmp, _ in copies):
+            return False
+        for tmp, target in copies:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _ in copies:
             tmp.unlink(missing_ok=True)
-            raise
-    for stale in set(state_files(good)) - {good / path.name for path in files}:
+    for stale in set(state_files(good)) - {target for _, target in copies}:
         stale.unlink(missing_ok=True)
     return True
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from study import launch
+from study import launch, tunestate
 from study.record import StudyRecord
 from tests.conftest import epochs_recorded
 from tests.test_launch import study_records
@@ -66,6 +66,11 @@ def test_a_rehearsal_killed_mid_study_resumes_as_a_rehearsal_and_records_each_tr
     assert_recorded_once(runs, "rk", 6)
 
 
+def good_copy_holds_the_searcher(good) -> bool:
+    """The kept copy of Tune's state holds the experiment's state and the searcher's: the test tears both."""
+    return good.is_dir() and {"experiment_state-*.json", "search_gen_state-*.json"} <= tunestate.kinds(tunestate.state_files(good))
+
+
 def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_copy(tmp_path):
     """Ray Tune's state files cut short (as a full disk leaves them: experiment state cut mid-file, the searcher's
     state empty) no longer make a study unresumable: --resume puts back the last good copy and finishes the study."""
@@ -77,7 +82,7 @@ def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_co
     run_and_kill(
         [*start, "--confirm-budget", "0"],
         env,
-        lambda: any(good.glob("experiment_state-*.json")) and sum(e >= 2 for e in epochs_logged(runs, "torn")) >= 2,
+        lambda: good_copy_holds_the_searcher(good) and sum(e >= 2 for e in epochs_logged(runs, "torn")) >= 2,
     )
     state = max(experiment.glob("experiment_state-*.json"))
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])

@@ -61,3 +61,35 @@ def test_a_resumed_studys_older_snapshot_is_not_copied_again(tmp_path):
     assert tunestate.recover(str(tmp_path)) == ["experiment_state-2026-11-26_11-00-00.json"]
     restored = json.loads((tmp_path / "experiment_state-2026-11-26_11-00-00.json").read_text())
     assert len(restored["trial_data"]) == 5
+
+
+def test_a_snapshot_rewritten_while_it_is_copied_leaves_the_last_good_copy_whole(tmp_path, monkeypatch):
+    """Tune rewrites its state files in place (not atomically) while the keeper may be copying them: a copy that reads
+    the file half rewritten must not become the good copy, since --resume then has none to put back."""
+    write_state(tmp_path, "a", 3)
+    assert tunestate.keep_good_state(str(tmp_path)) is True
+    write_state(tmp_path, "a", 5)  # Tune's next snapshot, under the same names
+    copy = tunestate.shutil.copyfile
+
+    def copy_while_tune_rewrites(source, target):
+        copy(source, target)
+        with open(target, "r+b") as torn:  # what the copy read: the file cut short mid-rewrite
+            torn.truncate(len(torn.read()) // 2)
+
+    monkeypatch.setattr(tunestate.shutil, "copyfile", copy_while_tune_rewrites)
+    assert tunestate.keep_good_state(str(tmp_path)) is False
+    good = tmp_path / ".last-good"
+    assert json.loads((good / "experiment_state-a.json").read_text())["trial_data"][2][0] == {"id": 2}
+    assert pickle.loads((good / "search_gen_state-a.json").read_bytes()) == {"counter": 3}
+    assert sorted(p.name for p in good.iterdir()) == ["experiment_state-a.json", "search_gen_state-a.json"]  # no tmp left
+    monkeypatch.setattr(tunestate.shutil, "copyfile", copy)
+    assert tunestate.keep_good_state(str(tmp_path)) is True  # the next try copies the new snapshot whole
+    assert pickle.loads((good / "search_gen_state-a.json").read_bytes()) == {"counter": 5}
+
+
+def test_a_snapshot_caught_before_all_its_files_arrived_does_not_replace_a_whole_copy(tmp_path):
+    write_state(tmp_path, "a", 3)
+    assert tunestate.keep_good_state(str(tmp_path)) is True
+    (tmp_path / "search_gen_state-a.json").unlink()  # Tune uploads its files one by one
+    assert tunestate.keep_good_state(str(tmp_path)) is False
+    assert sorted(p.name for p in (tmp_path / ".last-good").iterdir()) == ["experiment_state-a.json", "search_gen_state-a.json"]
