@@ -54,10 +54,16 @@ from trainables.core.data import load_dataset  # noqa: E402
 from trainables.core.transforms import image_dataset  # noqa: E402
 
 
+def config_fields(path: str) -> dict:
+    """The keys of a training config file."""
+    return yaml.safe_load(Path(path).read_text())
+
+
 def config_of(args: argparse.Namespace, backbone: str, precision: str) -> TrainConfig:
-    """The photo set's ICE config, or ``--config``'s own (its dataset, backbone and batch) at ``precision``."""
+    """The photo set's ICE config, or ``--config``'s own (its dataset and batch) at ``precision``, with ``backbone``
+    (``parse``: the config's own unless --backbones / --backbone name others)."""
     if args.config:
-        fields = {**yaml.safe_load(Path(args.config).read_text()), "precision": precision, "epochs": args.epochs}
+        fields = {**config_fields(args.config), "backbone": backbone, "precision": precision, "epochs": args.epochs}
         return TrainConfig.from_dict(fields, source=args.config)
     return TrainConfig.from_dict(
         {
@@ -318,8 +324,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--config",
-        help="a training config (YAML, e.g. configs/omniglot_hbn.yaml) whose dataset, backbone and "
-        "batch the fits and the step train instead of the photo set's ICE config",
+        help="a training config (YAML, e.g. configs/omniglot_hbn.yaml) whose dataset, batch and backbone (unless "
+        "--backbones / --backbone name others) the fits and the step train instead of the photo set's ICE config",
     )
     parser.add_argument(
         "--device",
@@ -328,8 +334,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="where the fits train (cpu: the baseline a GPU is compared with, each process with its share of the cores)",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="of CUB's 11,788 images (default: the full count)")
-    parser.add_argument("--backbones", nargs="+", default=["resnet50", "googlenet"], help="for the step alone")
-    parser.add_argument("--fit-backbone", "--backbone", dest="fit_backbone", default="resnet50")
+    parser.add_argument("--backbones", nargs="+", help="for the step alone (default: resnet50 googlenet; with --config, its own)")
+    parser.add_argument("--fit-backbone", "--backbone", dest="fit_backbone", help="of the fits (default: resnet50; with --config, its own)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
     parser.add_argument("--pack", type=int, nargs="+", default=[2, 4, 8], help="processes sharing the GPU")
     parser.add_argument("--pack-precision", default="bf16")
@@ -348,7 +354,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--code", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    own = config_fields(args.config).get("backbone", TrainConfig.backbone) if args.config else None
+    args.backbones = args.backbones or ([own] if own else ["resnet50", "googlenet"])
+    args.fit_backbone = args.fit_backbone or own or "resnet50"
+    return args
 
 
 if __name__ == "__main__":
