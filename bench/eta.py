@@ -108,6 +108,8 @@ def progress_found(lines: list[str], by_epoch: dict[tuple[str, int], float]) -> 
 
 def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str, int], float]) -> str:
     """Each estimate's error put down to its epochs or its pace, and the estimate replayed with a recent pace."""
+    from study.callbacks import pace_since
+
     found, offset = progress_found(lines, by_epoch)  # offset: the log's clock to MLflow's
     end, total = found[-1][0], len(times)
 
@@ -120,14 +122,14 @@ def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str,
         truth, trained = end - elapsed, done(elapsed)
         if left is None or truth <= 0 or trained <= done(first) or trained >= total:
             continue
-        pace = (elapsed - first) / (trained - done(first))  # what the estimate used: seconds per epoch so far
+        pace = pace_since((first, done(first)), (elapsed, trained))  # what the estimate used: seconds per epoch so far
         counts["lines"] += 1
         counts["within"] += abs(left / truth - 1) <= 0.5
         counts["epochs"] += abs(left / pace / (total - trained) - 1) > 0.5  # the epochs expected against those trained
         counts["pace"] += abs(pace / (truth / (total - trained)) - 1) > 0.5  # the pace so far against the one that followed
         for w in WINDOWS_S:
             since = max(first, elapsed - w)
-            recent = (elapsed - since) / (trained - done(since)) if trained > done(since) else pace
+            recent = pace_since((since, done(since)), (elapsed, trained)) if trained > done(since) else pace
             counts[w] += abs(left * recent / pace / truth - 1) <= 0.5
     n = counts["lines"]
     windows = ", ".join(f"{counts[w]} of {n} with the pace of the last {w} s" for w in WINDOWS_S)
@@ -159,7 +161,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
     """Each line's estimate made again with this checkout's count of the epochs left (``callbacks.study_epochs_left``)
     on the state the study's records give for that moment, times the pace so far: how the code as it is now would have
     done on the same study. Counted as in :func:`split_errors`."""
-    from study.callbacks import study_epochs_left
+    from study.callbacks import pace_since, study_epochs_left
     from study.record import StudyRecord
     from study.schedulers import ladder
 
@@ -177,7 +179,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
         if left is None or not ended or trained <= 1 or trained >= total or end - elapsed <= 0:
             continue
         epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race)
-        pace = (when - first) / (trained - 1)  # seconds per epoch since the first
+        pace = pace_since((first, 1), (when, trained))  # seconds per epoch since the first
         counts["lines"] += 1
         counts["epochs"] += abs(epochs / (total - trained) - 1) <= 0.5
         counts["seconds"] += abs(epochs * pace / (end - elapsed) - 1) <= 0.5

@@ -168,6 +168,13 @@ def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, lis
     )
 
 
+def pace_since(first: tuple[float, int], now: tuple[float, int]) -> float:
+    """Seconds per epoch (the study's slots together) from ``first`` to ``now``, each (time, epochs trained by then):
+    the pace the progress line's time left is estimated at, from the first reported epoch on (issue 32's measure in
+    docs/benchmarks.md section 9: it does as well as a recent window). ``now`` has trained more epochs than ``first``."""
+    return (now[0] - first[0]) / (now[1] - first[1])
+
+
 def study_epochs_left(
     ended: list[int],
     running: list[int],
@@ -235,7 +242,7 @@ class Progress(Callback):
         if not search_ended or self.first_result is None or done <= self.first_result[1]:
             return None
         started = len(reruns_running) + sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED)
-        pace = (time.time() - self.first_result[0]) / (done - self.first_result[1])
+        pace = pace_since(self.first_result, (time.time(), done))
         left = study_epochs_left(
             search_ended, search_running, (started, reruns_running), self.num_samples, self.max_epochs, self.rungs, self.race
         )
