@@ -4,7 +4,8 @@ Ray Tune snapshots a study's state (``experiment_state-*.json``, the searcher's 
 ``searcher-state-*.pkl``, ...) into the experiment folder under ``--storage-path`` by copying them from the driver,
 not atomically. A full disk cuts them short, and ``Tuner.restore`` then fails on the torn JSON. So, during a
 study, ``KeepTuneState`` (a Tune callback of the driver) copies each new snapshot whose files all read back into
-``<experiment>/.last-good/``, atomically, file by file; a copy that fails on a full disk leaves the previous one.
+``<experiment>/.last-good/``: each file under a temporary name, read back (Tune may rewrite it during the copy), then
+renamed in place; a copy that fails on a full disk or reads back torn leaves the previous one.
 A snapshot is the newest file of each kind, the one Tune restores from: a resumed study's older files stay in the
 folder but are not copied again at each new snapshot. Before a resume, ``recover`` puts that copy back in place of
 torn files (kept as ``*.torn``). A resume from a slightly older snapshot loses nothing: trials continue from their
