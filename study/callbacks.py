@@ -10,9 +10,11 @@ final status (FINISHED, or FAILED with the reason). How the records reach MLflow
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
@@ -23,7 +25,9 @@ from study.records import active_tag, failed_tags
 from study.selection import planned_runs
 from study.tracking import first_error_line
 from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
-from study.tunestate import KeepTuneState
+from study.tunestate import KeepTuneState, drop_checkpoint_links, keep_checkpoint_links
+
+log = logging.getLogger(__name__)
 
 ENDED = ("TERMINATED", "ERROR")  # a Tune trial's statuses once it has ended
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
@@ -311,6 +315,20 @@ class KeepState(Callback):
 
     def on_step_end(self, iteration, trials, **info):
         self.keeper.maybe_keep()
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        """Before Tune registers the checkpoint (and deletes the oldest it keeps): hard links of the trial's
+        checkpoints (``tunestate.keep_checkpoint_links``). Never fails the study: Tune would re-raise."""
+        try:
+            keep_checkpoint_links(Path(checkpoint.path).parent)
+        except Exception as error:  # a filesystem without hard links, a folder Tune removed meanwhile
+            log.warning("could not keep links of %s's checkpoints (%s)", trial, error)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        try:
+            drop_checkpoint_links(Path(trial.path))
+        except Exception as error:
+            log.warning("could not drop the kept checkpoints of %s (%s)", trial, error)
 
     def on_experiment_end(self, trials, **info):
         self.keeper.maybe_keep(force=True)

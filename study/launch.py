@@ -693,6 +693,8 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
     local = "://" not in settings.experiment_dir
     if local and (torn := tunestate.recover(settings.experiment_dir)):
         print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
+    if local and (back := tunestate.put_back_checkpoints(settings.experiment_dir)):
+        print(f"{len(back)} checkpoint(s) of study {settings.name} Tune deleted after its last snapshot: put back from its links")
     if local and not tunestate.whole(settings.experiment_dir):
         return fresh_tuner(settings, study, recorder)
     return restore_tuner(settings)

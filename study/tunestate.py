@@ -159,6 +159,48 @@ def recover(experiment_dir: str) -> list[str]:
     return [path.name for path in torn]
 
 
+KEPT = ".kept-checkpoints"  # in a trial's folder: hard links of its newest checkpoint folders
+KEPT_PER_TRIAL = 4  # Tune's num_to_keep (2) and the two it deleted last
+
+
+def keep_checkpoint_links(trial_dir: Path) -> None:
+    """Hard links of each of the trial's ``checkpoint_*`` folders under ``<trial>/.kept-checkpoints/`` (no copy of the
+    data while Tune keeps the folder), its newest ``KEPT_PER_TRIAL`` only.
+
+    Tune's ``num_to_keep=2`` deletes the checkpoint its last snapshot names when the trial's second checkpoint since
+    that snapshot registers, and forces its next snapshot only after that: a driver killed in between would leave
+    the trial unrestorable ("Could not recover from checkpoint as it does not exist on storage anymore"). The links
+    keep that folder's files for ``put_back_checkpoints``."""
+    kept = trial_dir / KEPT
+    for checkpoint in sorted(trial_dir.glob("checkpoint_*")):
+        mirror, tmp = kept / checkpoint.name, kept / f".{checkpoint.name}.tmp"
+        if mirror.is_dir() or not checkpoint.is_dir():
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(checkpoint, tmp, copy_function=os.link)
+        os.replace(tmp, mirror)
+    for stale in sorted(kept.glob("checkpoint_*"))[:-KEPT_PER_TRIAL]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def put_back_checkpoints(experiment_dir: str) -> list[str]:
+    """Before a resume: each trial's kept checkpoint folder that Tune has deleted goes back in place (moved from
+    ``.kept-checkpoints``), so that the one Tune's snapshot names exists. Returns ``<trial folder>/<checkpoint>``
+    of those put back. Tune tracks only the one it restores from; the others stay on disk."""
+    restored = []
+    for kept in sorted(Path(experiment_dir).glob(f"*/{KEPT}")):
+        for mirror in sorted(kept.glob("checkpoint_*")):
+            if not (kept.parent / mirror.name).exists():
+                os.replace(mirror, kept.parent / mirror.name)
+                restored.append(f"{kept.parent.name}/{mirror.name}")
+    return restored
+
+
+def drop_checkpoint_links(trial_dir: Path) -> None:
+    """A trial that has ended is not restored from a checkpoint: its links go (with the data Tune has deleted)."""
+    shutil.rmtree(trial_dir / KEPT, ignore_errors=True)
+
+
 class KeepTuneState:
     """Copies each new snapshot of a study's Tune state, checking at most every ``every_s`` seconds (the first one as
     soon as Tune has written it), and stops the study on a full disk (``DiskFull``): the Tune callback

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 
 from study import tunestate
 
@@ -93,3 +94,30 @@ def test_a_snapshot_caught_before_all_its_files_arrived_does_not_replace_a_whole
     (tmp_path / "search_gen_state-a.json").unlink()  # Tune uploads its files one by one
     assert tunestate.keep_good_state(str(tmp_path)) is False
     assert sorted(p.name for p in (tmp_path / ".last-good").iterdir()) == ["experiment_state-a.json", "search_gen_state-a.json"]
+
+
+def make_checkpoints(trial, numbers):
+    for n in numbers:
+        folder = trial / f"checkpoint_{n:06d}"
+        folder.mkdir(parents=True)
+        (folder / "bundle.pt").write_bytes(bytes([n]) * 10)
+
+
+def test_the_checkpoint_the_snapshot_names_comes_back_after_tune_deleted_it(tmp_path):
+    trial = tmp_path / "train_trial_a_1"
+    make_checkpoints(trial, [0, 1])
+    tunestate.keep_checkpoint_links(trial)  # Tune's on_checkpoint of checkpoint 1
+    kept = trial / tunestate.KEPT / "checkpoint_000001" / "bundle.pt"
+    assert kept.stat().st_ino == (trial / "checkpoint_000001" / "bundle.pt").stat().st_ino  # a link, not a copy
+    for n in range(2, 7):  # checkpoints 2..6, Tune keeping the newest 2 (num_to_keep=2) after each
+        make_checkpoints(trial, [n])
+        tunestate.keep_checkpoint_links(trial)
+        for old in sorted(trial.glob("checkpoint_*"))[:-2]:
+            shutil.rmtree(old)
+    assert sorted(p.name for p in (trial / tunestate.KEPT).iterdir()) == [f"checkpoint_00000{n}" for n in (3, 4, 5, 6)]
+    assert tunestate.put_back_checkpoints(str(tmp_path)) == ["train_trial_a_1/checkpoint_000003", "train_trial_a_1/checkpoint_000004"]
+    assert (trial / "checkpoint_000004" / "bundle.pt").read_bytes() == bytes([4]) * 10  # the snapshot's, whole
+    assert sorted(p.name for p in trial.glob("checkpoint_*")) == [f"checkpoint_00000{n}" for n in (3, 4, 5, 6)]
+    assert tunestate.put_back_checkpoints(str(tmp_path)) == []  # nothing missing any more
+    tunestate.drop_checkpoint_links(trial)  # the trial ended: its links go, Tune's own checkpoints stay
+    assert not (trial / tunestate.KEPT).exists() and (trial / "checkpoint_000006" / "bundle.pt").is_file()
