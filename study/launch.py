@@ -540,9 +540,17 @@ AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 # a local Ray listens on the loopback only (Ray reads this when it is imported), runs trials at normal priority (Ray's
 # default niceness of 15 starves them beside any other work on the machine), and starts no idle workers ahead of need:
 # by default it prestarts one per CPU as the driver connects, each importing Ray (about 0.7 CPU-s) beside the driver's
-# own start-up, and Tune's trial actors never use them (each starts a worker of its own). These are Ray's system settings
-# (RAY_ + the setting's name): Ray ignores a name it no longer knows, so tests/test_local_ray.py checks each one's effect
-LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0", "RAY_prestart_worker_first_driver": "0"}
+# own start-up, and a study leaves most of them idle (a two-trial study started 6 worker processes with them, 4
+# without: tests/test_reliability.py's diverging study). These are Ray's system settings
+# (RAY_ + the setting's name): Ray ignores a name it no longer knows, so tests/test_local_ray.py checks each one's effect.
+# Its workers also inherit PYTHONWARNINGS=ignore from this environment: given as a job's runtime_env instead, it costs
+# each worker about 0.9 CPU-s more to start (Ray's runtime-env agent sets up every worker; docs/benchmarks.md section 7)
+LOCAL_RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_worker_niceness": "0",
+    "RAY_prestart_worker_first_driver": "0",
+    "PYTHONWARNINGS": "ignore",
+}
 
 
 def local_ray_env(address: str | None) -> None:
@@ -572,7 +580,6 @@ def ray_session(address: str | None, local_resources: tuple[float | None, float 
             log_to_driver=False,
             logging_level=logging.WARNING,
             ignore_reinit_error=True,
-            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}} if address is None else None,
         )
     except ConnectionError as error:  # a cluster that listens (checks.check_address) but refuses this driver
         if address is None:

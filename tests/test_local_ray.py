@@ -73,22 +73,25 @@ PROBE = textwrap.dedent(
     with launch.ray_session(None):
         import ray
 
-        @ray.remote(num_cpus=0)
-        def niceness():
-            return os.nice(0)
+        @ray.remote(num_cpus=1)
+        class Trial:  # as Tune's trial actors
+            def niceness(self):
+                return os.nice(0), os.environ.get("PYTHONWARNINGS"), dict(ray.get_runtime_context().runtime_env)
 
-        nice = ray.get(niceness.remote())
+        nice, warnings, runtime_env = ray.get(Trial.remote().niceness.remote())
         pids = tree(os.getpid())
         addresses = listening(socket_inodes(pids))
         workers = [pid for pid in pids if is_worker(command_line(pid))]
-    print(json.dumps({"listening": sorted(addresses), "worker_niceness": nice, "driver_niceness": os.nice(0), "workers": len(workers)}))
+    print(json.dumps({"listening": sorted(addresses), "worker_niceness": nice, "driver_niceness": os.nice(0), "workers": len(workers),
+                      "worker_warnings": warnings, "runtime_env": runtime_env}))
     """
 )
 
 
 def probe(**env: str) -> dict:
     """What PROBE finds about a fresh local Ray started as study.launch starts it, with ``env`` added."""
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    user = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}  # as a user who set none
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600, env={**user, **env})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -99,7 +102,10 @@ def test_local_ray_listens_on_loopback_only_runs_workers_at_normal_priority_and_
     assert found["listening"], "no listening socket of the local Ray was found"
     assert all(ipaddress.ip_address(a).is_loopback for a in found["listening"]), found["listening"]
     assert found["worker_niceness"] == found["driver_niceness"]  # Ray's default adds 15
-    # no idle workers started ahead: Ray's default prestarts one per CPU as the driver connects (3 worker processes on
-    # 2 CPUs after the one task, 2 without), and Tune's trial actors never use them (each starts a worker of its own).
+    # no idle workers started ahead: Ray's default prestarts one per CPU as the driver connects (2 worker processes on
+    # 2 CPUs after the one trial-like actor, which took one of them; 1 without).
     # The control is a user's own setting, which wins over LOCAL_RAY_ENV: the same probe with Ray's prestart on.
     assert found["workers"] < probe(RAY_prestart_worker_first_driver="1")["workers"]
+    # workers ignore warnings through their inherited environment, not a job runtime_env (whose per-worker setup by
+    # Ray's runtime-env agent costs each worker about 0.9 CPU-s more to start)
+    assert found["worker_warnings"] == "ignore" and found["runtime_env"] == {}, (found["worker_warnings"], found["runtime_env"])

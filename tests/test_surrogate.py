@@ -287,7 +287,7 @@ class LocalRay:
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.WARNING,
-            runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore", **env_vars}},
+            runtime_env={"env_vars": env_vars} if env_vars else None,  # warnings: LOCAL_RAY_ENV
         )
         self.env_vars = env_vars
 
