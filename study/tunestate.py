@@ -161,16 +161,20 @@ def recover(experiment_dir: str) -> list[str]:
 
 KEPT = ".kept-checkpoints"  # in a trial's folder: hard links of its newest checkpoint folders
 KEPT_PER_TRIAL = 4  # Tune's num_to_keep (2) and the two it deleted last
+KEPT_BEFORE_GOOD = 2  # and the newest written before the good copy of Tune's state: it names one of them
 
 
 def keep_checkpoint_links(trial_dir: Path) -> None:
     """Hard links of each of the trial's ``checkpoint_*`` folders under ``<trial>/.kept-checkpoints/`` (no copy of the
-    data while Tune keeps the folder), its newest ``KEPT_PER_TRIAL`` only.
+    data while Tune keeps the folder): its newest ``KEPT_PER_TRIAL``, and its newest ``KEPT_BEFORE_GOOD`` written
+    before the experiment's good copy of Tune's state (``.last-good``, up to ``KeepTuneState.every_s`` old).
 
     Tune's ``num_to_keep=2`` deletes the checkpoint its last snapshot names when the trial's second checkpoint since
     that snapshot registers, and forces its next snapshot only after that: a driver killed in between would leave
     the trial unrestorable ("Could not recover from checkpoint as it does not exist on storage anymore"). The links
-    keep that folder's files for ``put_back_checkpoints``."""
+    keep that folder's files for ``put_back_checkpoints``; so they do for a resume from the good copy, which with
+    checkpoints every epoch can name one more than 4 checkpoints old (the last registered before the copy; the one
+    before it too, as a checkpoint is written before Tune registers it)."""
     kept = trial_dir / KEPT
     for checkpoint in sorted(trial_dir.glob("checkpoint_*")):
         mirror, tmp = kept / checkpoint.name, kept / f".{checkpoint.name}.tmp"
@@ -179,7 +183,10 @@ def keep_checkpoint_links(trial_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(checkpoint, tmp, copy_function=os.link)
         os.replace(tmp, mirror)
-    for stale in sorted(kept.glob("checkpoint_*"))[:-KEPT_PER_TRIAL]:
+    links = sorted(kept.glob("checkpoint_*"))
+    copied = [path.stat().st_mtime_ns for path in state_files(trial_dir.parent / GOOD)]
+    before_good = [link for link in links if copied and link.stat().st_mtime_ns <= max(copied)][-KEPT_BEFORE_GOOD:]
+    for stale in set(links[:-KEPT_PER_TRIAL]) - set(before_good):
         shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 
@@ -121,3 +122,20 @@ def test_the_checkpoint_the_snapshot_names_comes_back_after_tune_deleted_it(tmp_
     assert tunestate.put_back_checkpoints(str(tmp_path)) == []  # nothing missing any more
     tunestate.drop_checkpoint_links(trial)  # the trial ended: its links go, Tune's own checkpoints stay
     assert not (trial / tunestate.KEPT).exists() and (trial / "checkpoint_000006" / "bundle.pt").is_file()
+
+
+def test_the_checkpoint_the_good_copy_names_is_kept_when_newer_ones_followed_it(tmp_path):
+    """With a checkpoint every epoch, the good copy of Tune's state (up to 10 s old) can name a checkpoint more than 4
+    old: the last 2 written before the copy keep their links, beside the newest 4."""
+    trial = tmp_path / "train_trial_a_1"
+    write_state(tmp_path / tunestate.GOOD, "2026-11-28_10-00-00", 1)
+    copied = (tmp_path / tunestate.GOOD / "experiment_state-2026-11-28_10-00-00.json").stat().st_mtime
+    for n in range(8):  # checkpoints 0..7, one a second, the good copy taken between 2 and 3
+        make_checkpoints(trial, [n])
+        os.utime(trial / f"checkpoint_{n:06d}", (copied + n - 2.5, copied + n - 2.5))
+        tunestate.keep_checkpoint_links(trial)
+        for old in sorted(trial.glob("checkpoint_*"))[:-2]:  # Tune's num_to_keep=2
+            shutil.rmtree(old)
+    assert sorted(p.name for p in (trial / tunestate.KEPT).iterdir()) == [f"checkpoint_00000{n}" for n in (1, 2, 4, 5, 6, 7)]
+    assert tunestate.put_back_checkpoints(str(tmp_path))[:2] == ["train_trial_a_1/checkpoint_000001", "train_trial_a_1/checkpoint_000002"]
+    assert (trial / "checkpoint_000002" / "bundle.pt").read_bytes() == bytes([2]) * 10
