@@ -21,6 +21,7 @@ from study import inputs, launch, tunestate
 from tests.conftest import wait_for
 from tests.test_rehearsal import assert_recorded_once
 from tests.test_resume import epochs_logged, run_driver, start_driver
+from trainables import surrogate
 
 STUDY = ["--rehearse", "0.3", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "4", "--epochs", "6", "--confirm-budget", "0"]
 SIZE = "24m"  # the MLflow store (about 1.2 MB), the launch's 1 MiB probe of the storage path, a study's files (under 1 MB)
@@ -98,14 +99,19 @@ def journal_made(runs: Path, name: str) -> bool:
 
 
 def run_until_the_disk_fills(argv: list[str], env: dict, runs: Path, name: str, full: Path, output: Path, moment=second_epoch):
-    """Starts the study, fills ``full`` once ``moment(runs, name)`` holds, and waits for the driver's end: (exit, output)."""
+    """Starts the study, fills ``full`` once ``moment(runs, name)`` holds, and waits for the driver's end: (exit, output).
+    Its trials hold after their second epoch until the disk is full (``surrogate.HOLD_ENV``): under load, MLflow's
+    records of epoch 2 can arrive after a rehearsal's last epoch, and the disk would fill only after the study."""
+    hold = output.with_name("hold")
+    hold.touch()
     with open(output, "w") as out:
-        driver = start_driver([*argv, "--study-name", name], env, output=out)
+        driver = start_driver([*argv, "--study-name", name], {**env, surrogate.HOLD_ENV: str(hold)}, output=out)
     try:
         wait_for(lambda: moment(runs, name), 300, moment.__doc__, process=driver, every_s=0.05)
         fill(full)
         driver.wait(timeout=300)  # a generous limit: the driver must end by itself
     finally:
+        hold.unlink()
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()

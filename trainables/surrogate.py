@@ -85,6 +85,10 @@ STATE_NAME = "surrogate.json"  # the checkpoint: a LadderPlace as JSON
 # importing trainables.dml imports torch: each trial raises once, after training this epoch (before reporting it).
 FAULT_ENV = "DML_INJECT_FAULT_AT_EPOCH"
 FAULT_DONE = "injected_fault_done"
+# For tests that act mid-study whatever the machine's load: while the file this names exists, a trial that has trained
+# 2 epochs starts no other (its records of them still reach MLflow), so the study cannot end before the test acts
+HOLD_ENV = "DML_REHEARSAL_HOLD"
+HOLD_AFTER_EPOCHS = 2
 
 R0 = 0.10  # R@1 before training
 A_BASE = 0.78  # the asymptote of a config with no gains or penalties
@@ -304,7 +308,10 @@ def train_surrogate(
     fault_done = Path(tune.get_context().get_trial_dir() or tempfile.gettempdir()) / FAULT_DONE
     cadence = CheckpointCadence(checkpoint_every_s)
 
+    hold = os.environ.get(HOLD_ENV)
     for place in ladder(train_config, budgets, saved):
+        while hold and place.epochs_trained > HOLD_AFTER_EPOCHS and os.path.exists(hold):
+            time.sleep(0.05)
         started = time.perf_counter()
         time.sleep(epoch_seconds)
         slept = time.perf_counter() - started
