@@ -307,6 +307,15 @@ class Progress(Callback):
         self._line(trials, f"{trial.trial_id} failed", force=True)
 
 
+def links_of(trial, verb: str, act, trial_dir: Path) -> None:
+    """``act(trial_dir)`` on the trial's checkpoint links; never fails the study (Tune would re-raise): a filesystem
+    without hard links, or a folder Tune removed meanwhile, is a warning."""
+    try:
+        act(trial_dir)
+    except Exception as error:
+        log.warning("could not %s the links of %s's checkpoints (%s)", verb, trial, error)
+
+
 class KeepState(Callback):
     """Keeps a copy of the study's last readable Tune state, which a resume puts back if a full disk tore the files."""
 
@@ -318,17 +327,11 @@ class KeepState(Callback):
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         """Before Tune registers the checkpoint (and deletes the oldest it keeps): hard links of the trial's
-        checkpoints (``tunestate.keep_checkpoint_links``). Never fails the study: Tune would re-raise."""
-        try:
-            keep_checkpoint_links(Path(checkpoint.path).parent)
-        except Exception as error:  # a filesystem without hard links, a folder Tune removed meanwhile
-            log.warning("could not keep links of %s's checkpoints (%s)", trial, error)
+        checkpoints (``tunestate.keep_checkpoint_links``)."""
+        links_of(trial, "keep", keep_checkpoint_links, Path(checkpoint.path).parent)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        try:
-            drop_checkpoint_links(Path(trial.path))
-        except Exception as error:
-            log.warning("could not drop the kept checkpoints of %s (%s)", trial, error)
+        links_of(trial, "drop", drop_checkpoint_links, Path(trial.path))
 
     def on_experiment_end(self, trials, **info):
         self.keeper.maybe_keep(force=True)

@@ -184,8 +184,8 @@ def keep_checkpoint_links(trial_dir: Path) -> None:
         shutil.copytree(checkpoint, tmp, copy_function=os.link)
         os.replace(tmp, mirror)
     links = sorted(kept.glob("checkpoint_*"))
-    copied = [path.stat().st_mtime_ns for path in state_files(trial_dir.parent / GOOD)]
-    before_good = [link for link in links if copied and link.stat().st_mtime_ns <= max(copied)][-KEPT_BEFORE_GOOD:]
+    copied = max((path.stat().st_mtime_ns for path in state_files(trial_dir.parent / GOOD)), default=None)
+    before_good = [link for link in links if copied is not None and link.stat().st_mtime_ns <= copied][-KEPT_BEFORE_GOOD:]
     for stale in set(links[:-KEPT_PER_TRIAL]) - set(before_good):
         shutil.rmtree(stale, ignore_errors=True)
 
