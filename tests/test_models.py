@@ -134,6 +134,31 @@ def test_small_cnn_output_shape(size, spatial):
     assert emb(torch.randn(3, 1, size, size)).shape == (3, 24)
 
 
+@pytest.mark.parametrize("width", [8, 32, 96])
+def test_small_cnn_width_sets_every_blocks_channels_and_the_parameter_count(width):
+    # by hand: four 3x3 convs without bias (1 -> w, then w -> w three times) and four batch norms of w scales and shifts
+    net = SmallCNN(in_channels=1, width=width, image_size=32)
+    assert sum(p.numel() for p in net.parameters()) == 1 * width * 9 + 3 * width * width * 9 + 4 * 2 * width
+    assert [m.out_channels for m in net.modules() if isinstance(m, torch.nn.Conv2d)] == [width] * 4
+    assert net(torch.randn(2, 1, 32, 32)).shape == (2, width * 2 * 2) and net.out_dim == width * 4
+
+
+def test_backbone_width_reaches_the_model_built_from_a_config():
+    from trainables.core.engine import build_model
+
+    config = TrainConfig.from_dict({"dataset": "synthetic", "backbone_width": 24, "embedding_dim": 16})
+    model = build_model(config, "characters", 32)
+    assert model.backbone.out_dim == 24 * 2 * 2 and model.embed.in_features == 96  # 32 px -> 2 x 2 after four poolings
+    default = build_model(TrainConfig.from_dict({"dataset": "synthetic"}), "characters", 32)
+    assert default.backbone.out_dim == 64 * 2 * 2
+
+
+def test_backbone_width_other_than_the_default_is_refused_for_a_torchvision_backbone():
+    with pytest.raises(ConfigError, match=r"backbone_width=32 .*expected 64 \(the default\) with backbone=resnet18"):
+        TrainConfig.from_dict({"backbone": "resnet18", "backbone_width": 32})
+    assert TrainConfig.from_dict({"backbone": "resnet18"}).backbone_width == 64
+
+
 def test_small_cnn_runs_at_the_smallest_image_size_the_config_accepts():
     # 16 -> 8 -> 4 -> 2 -> 1: four halvings leave one pixel
     config = TrainConfig.from_dict({"backbone": "small_cnn", "image_size": 16, "dataset": "synthetic"})

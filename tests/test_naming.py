@@ -78,6 +78,7 @@ def test_applicable_keys_leave_out_the_other_loss_and_unused_schedules():
     assert not {"heating_target", "heating_start", "heating_lr_factor", "momentum"} & set(softmax)
     sgd = applicable_keys(TrainConfig.from_dict({"optimizer": "sgd", "lr_schedule": "constant"}))
     assert "momentum" in sgd and "lr_decay_start" not in sgd
+    assert "backbone_width" in sgd and "backbone_width" not in applicable_keys(TrainConfig.from_dict({"backbone": "resnet18"}))
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ OUTSIDE = [
     ("epochs", 0, "[1, 100000]"),
     ("epochs", 100_001, "[1, 100000]"),
     ("embedding_dim", 8193, "[2, 8192]"),
+    ("backbone_width", 0, "[1, 4096]"),
     ("classes_per_batch", 1, "[2, 1024]"),
     ("classes_per_batch", 1025, "[2, 1024]"),
     ("samples_per_class", 0, "[1, 64]"),
@@ -59,6 +60,7 @@ INSIDE = [
     ("seed", 0),
     ("epochs", 100_000),
     ("embedding_dim", 8192),
+    ("backbone_width", 1),
     ("classes_per_batch", 1024),
     ("samples_per_class", 64),
     ("image_size", 0),
@@ -72,7 +74,7 @@ INSIDE = [
 ]
 
 
-INTEGERS = {"classes_per_batch", "samples_per_class", "embedding_dim", "epochs", "seed", "image_size", "val_fold"}
+INTEGERS = {"classes_per_batch", "samples_per_class", "embedding_dim", "backbone_width", "epochs", "seed", "image_size", "val_fold"}
 FLOATS = {"alpha", "heating_target", "heating_start", "heating_lr_factor", "ice_scale", "mean_proxy_weight", "dropout", "lr"}
 FLOATS |= {"lr_decay_start", "weight_decay", "momentum", "new_layer_lr_mult", "augment", "val_fraction"}
 

@@ -27,6 +27,7 @@ LOSS_CHOICES = ("softmax", "ice")
 NORMALIZATION_CHOICES = ("none", "l2", "bn")
 OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
 BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
+SMALL_CNN_WIDTH = 64  # the channels of small_cnn's conv blocks unless backbone_width says otherwise
 REDUCTION_CHOICES = ("fc", "fc_dropout", "pca")  # 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
 LR_SCHEDULE_CHOICES = ("constant", "step", "linear", "cosine")
@@ -97,6 +98,7 @@ RANGES: dict[str, Range] = {
     "samples_per_class": Range(1, 64, why="with classes_per_batch <= 1024, at most 65536 images a batch"),
     "mean_proxy_weight": _up_to_float32(0, low_open=False),
     "embedding_dim": Range(2, 8192),
+    "backbone_width": Range(1, 4096, why="channels of a conv block"),
     "dropout": Range(0, 1, high_open=True, why="a probability"),
     "lr": _up_to_float32(0, low_open=True),
     "lr_decay_start": Range(0, 1, why="a fraction of the budget"),
@@ -139,6 +141,8 @@ class TrainConfig:
     # model
     embedding_dim: int = 64
     backbone: str = "small_cnn"
+    # channels of each of small_cnn's four conv blocks (models.SmallCNN); the torchvision backbones have their own
+    backbone_width: int = SMALL_CNN_WIDTH
     pretrained: str = "none"  # none | imagenet | path to a local weights file
     # embedding reduction (001_df21db8a9bc1b516, sec. 3.1, Fig. 3): fc (FCR1) | fc_dropout (FCR2,
     # dropout rate `dropout` after the FC layer) | pca (PCA of the pool features, fitted after training)
@@ -241,6 +245,8 @@ class TrainConfig:
             raise bad("samples_per_class", "an integer >= 2 with loss=ice (every anchor needs a positive)")
         if self.backbone == "small_cnn" and self.image_size != 0 and self.image_size < 16:
             raise bad("image_size", "0 or at least 16 with backbone=small_cnn (it halves the size four times)")
+        if self.backbone != "small_cnn" and self.backbone_width != SMALL_CNN_WIDTH:
+            raise bad("backbone_width", f"{SMALL_CNN_WIDTH} (the default) with backbone={self.backbone}: only small_cnn has a width to set")
         if not self.pretrained:
             raise bad("pretrained", "none, imagenet or the path of a local weights file")
         if self.backbone == "small_cnn" and self.pretrained == "imagenet":
@@ -316,6 +322,8 @@ def applicable_keys(config: TrainConfig) -> tuple[str, ...]:
         unused.add("momentum")
     if config.embedding_reduction != "fc_dropout":
         unused.add("dropout")
+    if config.backbone != "small_cnn":
+        unused.add("backbone_width")
     return tuple(key for key in TrainConfig.keys() if key not in unused)
 
 

@@ -343,6 +343,7 @@ def build_model(config: TrainConfig, kind: str, image_size: int) -> EmbeddingNet
         pretrained=config.pretrained,
         dropout=config.dropout,
         reduction=config.embedding_reduction,
+        backbone_width=config.backbone_width,
     )
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import REDUCTION_CHOICES, ConfigError
+from .config import REDUCTION_CHOICES, SMALL_CNN_WIDTH, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ class WeightsError(ValueError):
 
 
 class SmallCNN(nn.Module):
-    """Four conv(3x3)-BN-ReLU-maxpool blocks of 64 channels, for small grayscale images on a CPU (each computed as
-    conv-BN-maxpool-ReLU, below).
+    """Four conv(3x3)-BN-ReLU-maxpool blocks of ``width`` channels (64 by default), for small grayscale images on a CPU
+    (each computed as conv-BN-maxpool-ReLU, below).
 
-    (B, in_channels, S, S) -> (B, 64 * (S // 16) ** 2).
+    (B, in_channels, S, S) -> (B, width * (S // 16) ** 2).
 
     Each block runs its max-pooling before its ReLU: max-pooling commutes with a non-decreasing function, so
     ``relu(maxpool(y))`` equals ``maxpool(relu(y))`` value for value and passes the same gradients (both route a
@@ -74,8 +74,8 @@ class BackboneNet(NamedTuple):
     net_channels: int
 
 
-def _small_cnn(in_channels: int, image_size: int, imagenet: bool) -> BackboneNet:
-    net = SmallCNN(in_channels, image_size=image_size)
+def _small_cnn(in_channels: int, image_size: int, imagenet: bool, width: int = SMALL_CNN_WIDTH) -> BackboneNet:
+    net = SmallCNN(in_channels, width=width, image_size=image_size)
     return BackboneNet(net, net.out_dim, in_channels)
 
 
@@ -96,8 +96,8 @@ def _googlenet(in_channels: int, image_size: int, imagenet: bool) -> BackboneNet
     return _torchvision("googlenet", "IMAGENET1K_V1", in_channels, image_size, imagenet, transform_input=False, **kwargs)
 
 
-# config.backbone -> builder (in_channels, image_size, imagenet) -> BackboneNet
-BACKBONES: dict[str, Callable[[int, int, bool], BackboneNet]] = {
+# config.backbone -> builder (in_channels, image_size, imagenet) -> BackboneNet; small_cnn's also takes its width
+BACKBONES: dict[str, Callable[..., BackboneNet]] = {
     "small_cnn": _small_cnn,
     "resnet18": partial(_torchvision, "resnet18", "IMAGENET1K_V1"),
     "resnet50": partial(_torchvision, "resnet50", "IMAGENET1K_V2"),
@@ -108,10 +108,11 @@ BACKBONES: dict[str, Callable[[int, int, bool], BackboneNet]] = {
 class Backbone(nn.Module):
     """A feature extractor; grayscale input is repeated to 3 channels for ImageNet backbones."""
 
-    def __init__(self, name: str, in_channels: int, image_size: int, pretrained: str) -> None:
+    def __init__(self, name: str, in_channels: int, image_size: int, pretrained: str, width: int = SMALL_CNN_WIDTH) -> None:
         super().__init__()
         self.name = name
-        self.net, self.out_dim, net_channels = BACKBONES[name](in_channels, image_size, pretrained == "imagenet")
+        options = {"width": width} if name == "small_cnn" else {}
+        self.net, self.out_dim, net_channels = BACKBONES[name](in_channels, image_size, pretrained == "imagenet", **options)
         self.expand = net_channels != in_channels
         if pretrained not in ("none", "imagenet"):
             load_weights(self.net, pretrained, name)
@@ -250,11 +251,12 @@ class EmbeddingNet(nn.Module):
         pretrained: str = "none",
         dropout: float = 0.0,
         reduction: str = "fc",
+        backbone_width: int = SMALL_CNN_WIDTH,
     ) -> None:
         super().__init__()
         if reduction not in REDUCTION_CHOICES:
             raise ValueError(f"reduction={reduction!r}; expected one of {', '.join(REDUCTION_CHOICES)}")
-        self.backbone = Backbone(backbone, in_channels, image_size, pretrained)
+        self.backbone = Backbone(backbone, in_channels, image_size, pretrained, backbone_width)
         self.reduction = reduction
         self.pca: PCAReduction | None = None
         if reduction == "pca":
