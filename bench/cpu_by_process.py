@@ -1,0 +1,139 @@
+"""CPU-seconds of a command by kind of process: Ray's daemons, trial workers, drivers, pytest's workers, servers.
+
+Runs the command and samples every process's CPU time (user + system, from /proc) twice a second until the command
+ends. A process is counted from its first sample (what it had used before the command started is subtracted) to its
+last, so one that lives under half a second, or the last half second of one, is missed: the machine's busy CPU-seconds
+over the same time (/proc/stat) say how much of the machine the samples covered. A Ray trial worker starts as Ray's
+``setup_worker.py``, which ``exec``s the worker in the same process, so its imports of Ray and of the trainable count
+under "ray workers". Linux only.
+
+  python bench/cpu_by_process.py --out cpu.json -- python -m pytest -q          # the test suite
+  python bench/cpu_by_process.py -- python -m study.launch --space smoke         # one study
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+# the first pattern (a regular expression) found in a process's command line names its kind
+KINDS = (
+    (r"setup_worker\.py", "ray workers"),
+    (r"default_worker\.py", "ray workers"),
+    ("^ray::", "ray workers"),
+    ("gcs_server", "ray daemons"),
+    ("raylet", "ray daemons"),
+    ("dashboard", "ray daemons"),
+    ("runtime_env", "ray daemons"),
+    (r"log_monitor\.py", "ray daemons"),
+    ("autoscaler", "ray daemons"),
+    (r"-m study\.", "study drivers (python -m study.*)"),
+    ("mlflow", "mlflow servers"),
+    ("gunicorn", "mlflow servers"),
+    ("uvicorn", "mlflow servers"),
+    ("moto", "S3 stand-in (moto)"),
+    ("chrom", "chromium"),
+    ("sshd", "sshd"),
+    ("/bin/ray ", "ray cli"),
+    ("pytest", "pytest"),
+    ("execnet", "pytest"),
+    (r"python[0-9.]* -c ", "python -c (pytest-xdist workers, test helpers)"),
+)
+
+
+def kind(command: str) -> str:
+    for pattern, name in KINDS:
+        if re.search(pattern, command):
+            return name
+    return "other"
+
+
+def busy_seconds() -> float:
+    """The machine's busy CPU-seconds since boot (all of /proc/stat's first line but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / TICK
+
+
+def processes() -> dict[tuple[int, int], float]:
+    """(pid, start time in ticks) -> CPU-seconds used, for every process now running."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended
+                continue
+            found[int(entry), int(fields[19])] = (int(fields[11]) + int(fields[12])) / TICK
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def sample(argv: list[str], every_s: float = 0.5) -> dict:
+    before = processes()
+    busy0, started = busy_seconds(), time.time()
+    child = subprocess.Popen(argv)
+    seen: dict[tuple[int, int], list] = {}  # -> [command line, CPU-seconds]
+    while child.poll() is None:
+        for key, seconds in processes().items():
+            if key[0] == os.getpid():
+                continue
+            if key not in seen:
+                seen[key] = [command_line(key[0]), 0.0]
+            seen[key][1] = seconds - before.get(key, 0.0)
+        time.sleep(every_s)
+    by_kind, count = Counter(), Counter()
+    for command, seconds in seen.values():
+        if seconds > 0:
+            by_kind[kind(command)] += seconds
+            count[kind(command)] += 1
+    return {
+        "command": argv,
+        "returncode": child.returncode,
+        "wall_s": round(time.time() - started, 1),
+        "busy_cpu_s": round(busy_seconds() - busy0, 1),
+        "sampled_cpu_s": round(sum(by_kind.values()), 1),
+        "kinds": {name: {"cpu_s": round(s, 1), "processes": count[name]} for name, s in by_kind.most_common()},
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = ["| kind | CPU-s | share | processes |", "|---|---|---|---|"]
+    total = result["sampled_cpu_s"] or 1.0
+    for name, row in result["kinds"].items():
+        lines.append(f"| {name} | {row['cpu_s']:,.1f} | {row['cpu_s'] / total:.0%} | {row['processes']} |")
+    covered = f"sampled {result['sampled_cpu_s']:,.1f} of the machine's {result['busy_cpu_s']:,.1f} busy CPU-s"
+    lines.append(f"\n{covered} in {result['wall_s']:,.1f} s")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the result as JSON here too")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
+    args = parser.parse_args()
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        parser.error("expected a command after --")
+    result = sample(argv)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(result))
+    return result["returncode"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
