@@ -644,11 +644,13 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     training at once, but waits for the end of an MLflow write of the driver (``interrupts.uninterrupted``)."""
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
-    plan = make_plan(args, uri)
+    with locks.store_setup_lock(uri):  # --study reads the store: one driver at a time creates or migrates a new one
+        plan = make_plan(args, uri)
     device = resolve_device(args.device)
     data_root = tracking.resolve_data_root(args.data_root) or plan.data_root
     splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
-    experiment_id = tracking.setup(uri, plan.experiment)
+    with locks.store_setup_lock(uri):
+        experiment_id = tracking.setup(uri, plan.experiment)
     client = mlflow.MlflowClient(uri)
     placement = placement_of(args, plan, device)
     first = plan.configurations[0][1]

@@ -21,7 +21,7 @@ import sys
 
 import optuna
 
-from study import console, inputs, names, records, tracking
+from study import console, inputs, locks, names, records, tracking
 from study.inputs import UsageError
 from study.journal import open_storage
 from study.parent import study_parent
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         names.check_names({"--study": args.study, "--experiment": args.experiment})
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_store(uri, "study.sync")
-        experiment_id = tracking.setup(uri, args.experiment)
+        with locks.store_setup_lock(uri):  # one driver at a time creates or migrates a new local store
+            experiment_id = tracking.setup(uri, args.experiment)
         run = study_parent(uri, args.experiment, args.study, "--study")
         record = StudyRecord.from_params(run.data.params, where=f"study {args.study!r}")
         study = optuna.load_study(study_name=args.study, storage=open_storage(record.optuna_storage))

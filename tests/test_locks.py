@@ -11,10 +11,12 @@ from pathlib import Path
 import mlflow
 import optuna
 import pytest
+import yaml
 
 from study import launch, locks
 from study.search import open_storage
 from tests.conftest import ROOT, wait_for
+from tests.test_final import TINY
 
 
 def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):
@@ -83,6 +85,37 @@ def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
     outcomes = [d.communicate(timeout=600) for d in drivers]
     assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for _, err in outcomes]
     assert len({out.strip() for out, _ in outcomes}) == 1  # one experiment, the same for all
+
+
+FINAL = textwrap.dedent(
+    """
+    import sys
+    from study import final
+    config, uri = sys.argv[1:]
+    sys.stdin.readline()  # the go signal: all start at once, past their imports
+    sys.exit(final.main(["--config", config, "--seeds", "1", "--tracking-uri", uri, "--experiment", "final"]))
+    """
+)
+
+
+def test_finals_started_together_on_a_new_store_all_record_their_runs(tmp_path):
+    """Three ``study.final`` drivers reach a new sqlite store at once: one creates it while the others wait, as
+    study.launch's drivers do (MLflow's migrations of one database race otherwise, and a driver that loses dies with
+    alembic's traceback)."""
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "epochs": 1}))
+    env = {**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}
+    argv = [sys.executable, "-c", FINAL, str(config), uri]
+    drivers = [subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for d in drivers:
+        d.stdin.write("go\n")
+        d.stdin.flush()
+    errors = [d.communicate(timeout=600)[1] for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for err in errors]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("final").experiment_id], filter_string="tags.kind = 'final_seed'")
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
 
 
 def test_a_process_lock_is_abandoned_only_once_its_process_is_gone(tmp_path):
