@@ -52,7 +52,7 @@ class SmallCNN(nn.Module):
     parameters), so state dicts of either order load into the other.
     """
 
-    def __init__(self, in_channels: int = 1, width: int = 64, image_size: int = 32) -> None:
+    def __init__(self, in_channels: int = 1, width: int = SMALL_CNN_WIDTH, image_size: int = 32) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
