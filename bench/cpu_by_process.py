@@ -1,11 +1,11 @@
 """CPU-seconds of a command by kind of process: Ray's daemons, trial workers, drivers, pytest's workers, servers.
 
-Runs the command and samples every process's CPU time (user + system, from /proc) twice a second until the command
-ends. A process is counted from its first sample (what it had used before the command started is subtracted) to its
-last, so one that lives under half a second, or the last half second of one, is missed: the machine's busy CPU-seconds
-over the same time (/proc/stat) say how much of the machine the samples covered. A Ray trial worker starts as Ray's
-``setup_worker.py``, which ``exec``s the worker in the same process, so its imports of Ray and of the trainable count
-under "ray workers". Linux only.
+Runs the command and samples every process on the machine, the command's or not, for its CPU time (user + system,
+from /proc) twice a second until the command ends. A process is counted from its first sample (what it had used
+before the command started is subtracted) to its last, so one that lives under half a second, or the last half
+second of one, is missed: the machine's busy CPU-seconds over the same time (/proc/stat) say how much of the
+machine the samples covered. A Ray trial worker starts as Ray's ``setup_worker.py``, which ``exec``s the worker in
+the same process, so its imports of Ray and of the trainable count under "ray workers". Linux only.
 
   python bench/cpu_by_process.py --out cpu.json -- python -m pytest -q          # the test suite
   python bench/cpu_by_process.py -- python -m study.launch --space smoke         # one study
@@ -107,6 +107,8 @@ def sample(argv: list[str], every_s: float = 0.5) -> dict:
         "busy_cpu_s": round(busy_seconds() - busy0, 1),
         "sampled_cpu_s": round(sum(by_kind.values()), 1),
         "kinds": {name: {"cpu_s": round(s, 1), "processes": count[name]} for name, s in by_kind.most_common()},
+        # every process that used at least 0.05 CPU-s, the costliest first: [CPU-s, command line (its first 300 characters)]
+        "processes": sorted(([round(s, 2), command[:300]] for command, s in seen.values() if s >= 0.05), reverse=True),
     }
 
 
