@@ -98,8 +98,9 @@ def sample(argv: list[str], every_s: float = 0.5) -> dict:
     by_kind, count = Counter(), Counter()
     for command, seconds in seen.values():
         if seconds > 0:
-            by_kind[kind(command)] += seconds
-            count[kind(command)] += 1
+            name = kind(command)
+            by_kind[name] += seconds
+            count[name] += 1
     return {
         "command": argv,
         "returncode": child.returncode,

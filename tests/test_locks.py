@@ -71,20 +71,25 @@ SETUP = textwrap.dedent(
 )
 
 
-def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+def started_together(argv: list[str], env: dict | None = None, n: int = 3) -> list[tuple[int, str, str]]:
+    """``n`` processes of ``argv`` (each waits for a go line on stdin after its imports), let go at once; their
+    (exit status, stdout, stderr)."""
     drivers = [
-        subprocess.Popen(
-            [sys.executable, "-c", SETUP, uri], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(3)
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(n)
     ]
-    for d in drivers:  # all start the migration at once
+    for d in drivers:
         d.stdin.write("go\n")
         d.stdin.flush()
     outcomes = [d.communicate(timeout=600) for d in drivers]
-    assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for _, err in outcomes]
-    assert len({out.strip() for out, _ in outcomes}) == 1  # one experiment, the same for all
+    return [(d.returncode, out, err) for d, (out, err) in zip(drivers, outcomes)]
+
+
+def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    outcomes = started_together([sys.executable, "-c", SETUP, uri])  # all start the migration at once
+    assert [code for code, _, _ in outcomes] == [0, 0, 0], [err[-2000:] for _, _, err in outcomes]
+    assert len({out.strip() for _, out, _ in outcomes}) == 1  # one experiment, the same for all
 
 
 FINAL = textwrap.dedent(
@@ -106,13 +111,8 @@ def test_finals_started_together_on_a_new_store_all_record_their_runs(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({**TINY, "epochs": 1}))
     env = {**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}
-    argv = [sys.executable, "-c", FINAL, str(config), uri]
-    drivers = [subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    for d in drivers:
-        d.stdin.write("go\n")
-        d.stdin.flush()
-    errors = [d.communicate(timeout=600)[1] for d in drivers]
-    assert [d.returncode for d in drivers] == [0, 0, 0], [err[-2000:] for err in errors]
+    outcomes = started_together([sys.executable, "-c", FINAL, str(config), uri], env)
+    assert [code for code, _, _ in outcomes] == [0, 0, 0], [err[-2000:] for _, _, err in outcomes]
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("final").experiment_id], filter_string="tags.kind = 'final_seed'")
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
