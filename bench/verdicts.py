@@ -315,12 +315,14 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
     number, config, selection = optuna_pick(study)
     tests = {key: metrics.get(metric) for key, metric in test_metric_keys().items()}
     spreads = {key: metrics.get(metric.removesuffix("_mean") + "_std") for key, metric in test_metric_keys().items()}
+    keys = test_metric_keys().items()
+    joint = {key: metrics.get(metric.replace("final_", "final_ensemble_", 1).removesuffix("_mean")) for key, metric in keys}
     return {
         "study": run.name, "seed": run.seed, "repeat": run.repeat, "wall_time_s": metrics.get("wall_time_s"),
         "utilization": metrics.get("utilization"), "n_complete": metrics.get("n_complete"), "n_pruned": metrics.get("n_pruned"),
         "confirmation_runs": metrics.get("confirmation_runs"), "picked_trial": number, "config": config,
         "pick_mean": metrics.get(f"best_mean_{parent.data.params.get('metric', 'val_recall_at_1')}"), "selection": selection,
-        "test": tests, "test_std": spreads, "final_time_per_seed_s": metrics.get("final_time_per_seed_s_mean"),
+        "test": tests, "test_std": spreads, "ensemble_test": joint, "final_time_per_seed_s": metrics.get("final_time_per_seed_s_mean"),
         **trial_sequence(study),
     }  # fmt: skip
 
@@ -400,6 +402,7 @@ def summarize(results: list[dict[str, Any]], repeat_seed: int) -> dict[str, Any]
     return {
         "seeds": [r["seed"] for r in firsts],
         "test": {key: spread_and_mean([r["test"][key] for r in firsts]) for key in TESTS},
+        "ensemble_test": {key: spread_and_mean([r.get("ensemble_test", {}).get(key) for r in firsts]) for key in TESTS},
         "wall_time_s": spread_and_mean([r["wall_time_s"] for r in firsts]),
         "families": family_counts([r["family"] for r in firsts]),
         "repeats": {
@@ -446,6 +449,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"- {name}: mean {cell(s['mean'], 4)}, spread {cell(s['spread'], 4)} (min {cell(s['min'], 4)}, max {cell(s['max'], 4)})"
         )
+        joint = summary.get("ensemble_test", {}).get(key, {"n": 0})
+        if joint["n"]:
+            lines.append(
+                f"  - the final's seeds as one model: mean {cell(joint['mean'], 4)}, spread {cell(joint['spread'], 4)} "
+                f"(min {cell(joint['min'], 4)}, max {cell(joint['max'], 4)})"
+            )
     wall, fam = summary["wall_time_s"], summary["families"]
     lines.append(f"- study wall time: mean {cell(wall['mean'], 0)} s (min {cell(wall['min'], 0)}, max {cell(wall['max'], 0)})")
     counts = ", ".join(f"{f} {n}" for f, n in fam["counts"].items())

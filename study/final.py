@@ -61,7 +61,7 @@ from trainables.core.data import (
     image_size_for,
     load_dataset,
 )
-from trainables.core.engine import Run, TrainingDiverged, build_model, default_device, fit
+from trainables.core.engine import ONE_SHOT_WAYS, Embeddings, Run, TrainingDiverged, build_model, concatenated, default_device, fit, score
 from trainables.core.models import WeightsError
 
 log = logging.getLogger(__name__)
@@ -99,14 +99,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--study",
         help="retrain the best config of this study (its parent run's best_config.yaml) on the study's data root; "
-        "the seed runs become children of the study's parent run and the first seed's model is registered as NAME-embedding",
+        "the seed runs become children of the study's parent run and the final model (the seeds as one model; "
+        "with --seeds 1 the seed's) is registered as NAME-embedding",
     )
     tracking.add_tracking_flags(
         parser.add_argument, f"MLflow experiment (default: final; with --study: {tracking.DEFAULT_EXPERIMENT}, as study.launch)", None
     )
     parser.add_argument("--run-name", help="name of the parent MLflow run (default: the config file's name)")
     parser.add_argument(
-        "--register", metavar="NAME", help="register the first seed's model in the MLflow registry under NAME (letters, digits, _ . -)"
+        "--register",
+        metavar="NAME",
+        help="register the final model (the seeds as one model; with --seeds 1 the seed's) in the MLflow registry under NAME "
+        "(letters, digits, _ . -)",
     )
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument(
@@ -189,7 +193,18 @@ class SeedResult:
     test: dict[str, float]  # the test_* metrics
     time_s: float  # training and testing, seconds
     model_uri: str
-    registered_uri: str | None  # models:/NAME/VERSION of the first seed's model when registered, else None
+    registered_uri: str | None  # models:/NAME/VERSION of the first seed's model when registered (one seed), else None
+
+
+@dataclass(frozen=True)
+class EnsembleResult:
+    """The seeds of one configuration as one model (``pyfunc.EmbeddingModel`` over their bundles): its child run, its
+    test metrics and its logged model."""
+
+    run_id: str
+    test: dict[str, float]  # the test_* metrics of the seeds' concatenated embeddings (engine.concatenated)
+    model_uri: str
+    registered_uri: str | None = None  # models:/NAME/VERSION when registered (the plan's register name), else None
 
 
 @dataclass(frozen=True)
@@ -199,11 +214,13 @@ class ConfigurationResult:
     name: str
     config: TrainConfig
     seeds: tuple[SeedResult, ...]
-    summary: dict[str, float]  # <metric>_mean, <metric>_std (sample std, 0 for one seed), time_per_seed_s_mean
+    summary: dict[str, float]  # <metric>_mean, <metric>_std (sample std, 0 for one seed), time_per_seed_s_mean, ensemble_<metric>
+    ensemble: EnsembleResult | None = None  # with two seeds or more
 
     def record(self) -> dict[str, Any]:
         """What the parent run's results.json keeps of it: {"per_seed": [each seed's fields], "summary": ...}."""
-        return {"per_seed": [dataclasses.asdict(seed) for seed in self.seeds], "summary": self.summary}
+        ensemble = None if self.ensemble is None else dataclasses.asdict(self.ensemble)
+        return {"per_seed": [dataclasses.asdict(seed) for seed in self.seeds], "summary": self.summary, "ensemble": ensemble}
 
 
 @dataclass(frozen=True)
@@ -263,7 +280,7 @@ def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochRep
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
     bundle = {k: v for k, v in run.bundle().items() if k not in TRAINING_STATE}
     bundle["model"] = {k: v.detach().cpu() for k, v in bundle["model"].items()}  # a GPU's weights, read by a driver without one
-    return SeedOutput(job.index, test, similarity, elapsed, bundle, pictures, socket.gethostname())
+    return SeedOutput(job.index, test, similarity, elapsed, bundle, pictures, socket.gethostname(), run.embeddings)
 
 
 TRAINING_STATE = ("optimizer", "rng", "sampler", "loss")  # what a run's bundle holds to continue training; the model needs none
@@ -296,18 +313,28 @@ def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, registe
 
     Returns the model's URI and the registered version's (models:/NAME/VERSION, or None).
     """
-    from study.pyfunc import log_embedding_model, version_description
+    from study.pyfunc import log_embedding_model
 
     config = TrainConfig.from_dict(output.bundle["config"], source="the seed's model")
     info = log_embedding_model(output.bundle, example, workdir, name=f"embedding-seed{config.seed}", registered_model_name=register)
-    linked = {k: v for k, v in {**output.test, **output.similarity}.items() if math.isfinite(v)}
+    return info.model_uri, link_metrics(info, {**output.test, **output.similarity}, config, register, origin)
+
+
+def link_metrics(
+    info, test: dict[str, float], config: TrainConfig, register: str | None, origin: str, seeds: list[int] | None = None
+) -> str | None:
+    """Log ``test`` (the finite values) in the active run, linked to the logged model of ``info``; describe its registered
+    version (one seed's, or the ensemble of ``seeds``). Returns models:/NAME/VERSION, or None when not registered."""
+    from study.pyfunc import version_description
+
+    linked = {k: v for k, v in test.items() if math.isfinite(v)}
     mlflow.log_metrics(linked, step=config.epochs, model_id=info.model_id)
     version = info.registered_model_version
     if not register or version is None:
-        return info.model_uri, None
-    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id)
+        return None
+    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id, seeds)
     mlflow.MlflowClient().update_model_version(register, str(version), description=description)
-    return info.model_uri, f"models:/{register}/{version}"
+    return f"models:/{register}/{version}"
 
 
 def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> tuple[TrainConfig, str, StudyRecord]:
@@ -394,7 +421,7 @@ class FinalPlan:
     parent_run_id: str | None = None  # an existing parent run to attach to (--study); None: create one
     study: str | None = None
     space: str | None = None
-    register: str | None = None  # registry name of the first seed's model
+    register: str | None = None  # registry name of the final model (the seeds' ensemble; one seed's with one seed)
     data_root: str | None = None  # the study's own (--study), used without --data-root and $DML_DATA_ROOT
     trial_resources: tuple[float, float] = (1.0, 0.0)  # CPUs and GPUs of the study's trials (--study), a seed's task's by default
 
@@ -416,6 +443,9 @@ class FinalPlan:
 
     def seed_run_name(self, name: str, seed: int) -> str:
         return f"{name}-seed{seed}" if self.grid else f"final-{self.name}-seed{seed}"
+
+    def ensemble_run_name(self, name: str) -> str:
+        return f"{name}-ensemble" if self.grid else f"final-{self.name}-ensemble"
 
 
 def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
@@ -529,6 +559,11 @@ class SeedRuns:
         self.run_ids: dict[int, str] = {}
         self.jobs: dict[int, SeedJob] = {}
         self.results: dict[int, SeedResult] = {}
+        self.members: dict[int, tuple[dict[str, Any], Embeddings]] = {}  # each seed's bundle and test embeddings, for the ensemble
+
+    def origin(self) -> str:
+        """Where the configuration came from, for a registered version's description."""
+        return f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
 
     def start(self, job: SeedJob) -> None:
         config, target = job.config, self.target
@@ -565,7 +600,7 @@ class SeedRuns:
     def done(self, output: SeedOutput) -> None:
         """The seed's run gets its pictures, time, model (registered for the first seed) and linked test metrics, then ends."""
         run_id, workdir = self.run_ids[output.index], self.target.workdir
-        origin = f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
+        origin = self.origin()
         with mlflow.start_run(run_id=run_id):
             try:
                 mlflow.set_tag("node", output.node)
@@ -573,7 +608,7 @@ class SeedRuns:
                     (workdir / file).write_bytes(data)
                     mlflow.log_artifact(str(workdir / file))
                 mlflow.log_metric("time/total_s", output.time_s)
-                register = self.register if output.index == 0 else None
+                register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
                 model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
             except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
                 mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
@@ -581,6 +616,39 @@ class SeedRuns:
                 raise
         seed = self.jobs[output.index].config.seed
         self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri)
+        if self.plan.seeds > 1 and output.embeddings is not None:
+            self.members[output.index] = (output.bundle, output.embeddings)
+
+    def ensemble(self, splits: DatasetSplits, config: TrainConfig) -> EnsembleResult:
+        """The seeds as one model: a child run with the test metrics of their concatenated embeddings and the model."""
+        from study.pyfunc import log_embedding_model
+
+        members = [self.members[i] for i in sorted(self.members)]
+        test = score(
+            concatenated([embeddings for _, embeddings in members]), splits.test, splits.gallery,
+            prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
+        )  # fmt: skip
+        target, seed_values = self.target, [self.jobs[i].config.seed for i in sorted(self.members)]
+        tags = {**tracking.reproducibility_tags(), **target.owner, "kind": "final_ensemble", "mlflow.parentRunId": target.parent_id}
+        tags["seeds"] = " ".join(map(str, seed_values))
+        if self.plan.study:
+            tags["study_name"] = self.plan.study
+        if self.plan.grid:
+            tags["configuration"] = self.name
+        run = self.client.create_run(target.experiment_id, run_name=self.plan.ensemble_run_name(self.name), tags=tags)
+        self.started.append(run.info.run_id)
+        params = {**config.to_dict(), "ensemble_seeds": len(members)}
+        self.client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+        with mlflow.start_run(run_id=run.info.run_id):
+            try:
+                bundles, register = [bundle for bundle, _ in members], self.register
+                info = log_embedding_model(bundles, self.example, target.workdir, name="embedding-ensemble", registered_model_name=register)
+                registered = link_metrics(info, test, config, register, self.origin(), seed_values)
+            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
+                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
+                mlflow.end_run(status="KILLED")
+                raise
+        return EnsembleResult(run.info.run_id, test, info.model_uri, registered)
 
 
 def train_configuration(
@@ -600,7 +668,10 @@ def train_configuration(
     seeds.train_seeds(jobs, placement, splits, runs, train_seed)
     results = [runs.results[i] for i in range(plan.seeds)]
     summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
-    return ConfigurationResult(name, config, tuple(results), summary)
+    ensemble = runs.ensemble(splits, config) if len(runs.members) > 1 else None
+    if ensemble is not None:
+        summary |= {f"ensemble_{key}": value for key, value in ensemble.test.items()}
+    return ConfigurationResult(name, config, tuple(results), summary, ensemble)
 
 
 def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan, outcomes: list[ConfigurationResult]) -> None:
@@ -712,10 +783,8 @@ def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
 
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
     """The study's parent run description (``records.with_final``): the retrained pick's test metrics and its model."""
-    first = outcome.seeds[0]
     note = client.get_run(study_parent_id).data.tags.get(records.NOTE_TAG, "")
-    model = first.registered_uri or first.model_uri
-    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, model)
+    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome))
     client.set_tag(study_parent_id, records.NOTE_TAG, text)
 
 
@@ -743,10 +812,15 @@ def serve_commands(uri: str, model_uri: str, port: int = 5001) -> list[str]:
     return [serve, curl]
 
 
+def served_model(outcome: ConfigurationResult) -> str:
+    """The model the closing lines serve: the seeds' ensemble (its registered version if any), else the first seed's."""
+    chosen = outcome.ensemble or outcome.seeds[0]
+    return chosen.registered_uri or chosen.model_uri
+
+
 def print_serving(result: FinalResult) -> None:
-    """How to serve the registered model (else the first seed's) and query it."""
-    first = result.configurations[0].seeds[0]
-    model_uri = first.registered_uri or first.model_uri
+    """How to serve the first configuration's model (:func:`served_model`) and query it."""
+    model_uri = served_model(result.configurations[0])
     serve, curl = serve_commands(inputs.redacted(result.uri), model_uri)
     print(f"\nserve {model_uri} over REST (Ctrl-C stops it):\n  {serve}")
     print(f"then embed images (JSON lists of 0..255, (N, H, W) or (N, H, W, C); here one 8 x 8 image):\n  {curl}")
@@ -799,7 +873,21 @@ def print_summary(result: FinalResult) -> None:
                 f"  registered as: {seed.registered_uri}: the first seed's model, seed {seed.seed} (the config's own); "
                 "picking the seed by its test score would tune on the test classes"
             )
+    if only.ensemble:
+        print_ensemble(only)
     print_next(result)
+
+
+def print_ensemble(outcome: ConfigurationResult) -> None:
+    """The seeds as one model: its test metrics beside the seeds' mean, and its model."""
+    ensemble, n = outcome.ensemble, len(outcome.seeds)
+    wide = f"{n} x {outcome.config.embedding_dim} wide"
+    print(f"\nthe {n} seeds as one model (their embeddings side by side, {wide}; {n} x the cost to embed):")
+    for key, value in ensemble.test.items():
+        print(f"  {key:<24} {value:.4f}  (seeds' mean {outcome.summary[key + '_mean']:.4f})")
+    print(f"  model: {ensemble.model_uri}  (run {ensemble.run_id})")
+    if ensemble.registered_uri:
+        print(f"  registered as: {ensemble.registered_uri}: the {n} seeds as one model")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ import trainables
 from trainables.core.checkpoint import CheckpointError, load_bundle, save_bundle
 from trainables.core.config import TrainConfig
 from trainables.core.data import ImageSet, as_uint8_images
-from trainables.core.engine import build_model
+from trainables.core.engine import Embeddings, build_model, concatenated
 from trainables.core.transforms import preprocess_batch
 
 INPUT_NAME = "images"
@@ -64,26 +64,37 @@ class ImageInputError(MlflowException, ValueError):
 
 
 class EmbeddingModel(mlflow.pyfunc.PythonModel):
-    """Images -> embeddings, with the preprocessing of the run that trained it."""
+    """Images -> embeddings, with the preprocessing of the run that trained it.
+
+    A seed ensemble (``study.final --seeds N``) is one such model over N bundles (artifacts ``bundle``, ``bundle1``,
+    ...): each member embeds the images, its embeddings are l2-normalized, and the N are set side by side and scaled
+    by 1/sqrt(N), so the result is unit length and its cosine similarity is the mean of the members' (N x d wide).
+    """
 
     batch_size = 256
 
     def load_context(self, context) -> None:
-        bundle = load_bundle(context.artifacts["bundle"])
-        self.config = TrainConfig.from_dict(bundle["config"], source=context.artifacts["bundle"])
-        self.kind, self.image_size = bundle["kind"], int(bundle["image_size"])
-        config = self.config.replace(pretrained="none")  # the weights below replace any pretrained ones
-        self.model = build_model(config, self.kind, self.image_size)
-        self.model.load_state_dict(bundle["model"])  # with embedding_reduction=pca, also its fitted PCA (buffers)
-        self.model.eval()
-        if self.model.pca is not None and not self.model.pca.is_fitted:
-            raise CheckpointError(f"{context.artifacts['bundle']}: embedding_reduction=pca, but the model holds no fitted PCA")
+        self.members = [self.load_member(context.artifacts[key]) for key in member_keys(context.artifacts)]
+        self.model, self.image_size = self.members[0]  # the first member's: the single model's, as before ensembles
+        self.config = TrainConfig.from_dict(load_bundle(context.artifacts["bundle"])["config"], source=context.artifacts["bundle"])
+
+    def load_member(self, path: str) -> tuple[torch.nn.Module, int]:
+        """The model of the bundle at ``path`` in eval mode, and the image size it embeds at."""
+        bundle = load_bundle(path)
+        config = TrainConfig.from_dict(bundle["config"], source=path).replace(pretrained="none")  # its weights replace pretrained ones
+        self.kind, image_size = bundle["kind"], int(bundle["image_size"])
+        model = build_model(config, self.kind, image_size)
+        model.load_state_dict(bundle["model"])  # with embedding_reduction=pca, also its fitted PCA (buffers)
+        model.eval()
+        if model.pca is not None and not model.pca.is_fitted:
+            raise CheckpointError(f"{path}: embedding_reduction=pca, but the model holds no fitted PCA")
+        return model, image_size
 
     # np.ndarray is the hint MLflow documents as "no validation from type hints": the signature below
     # describes the input, and as_uint8_images checks it. What arrives is {"images": array} from MLflow
     # (the signature names its input), or an array or a list of images when called directly.
     def predict(self, context, model_input: np.ndarray, params: dict[str, Any] | None = None) -> np.ndarray:
-        """Images (see the module docstring) -> l2-normalized float32 embeddings (N, d)."""
+        """Images (see the module docstring) -> l2-normalized float32 embeddings (N, d), (N, members x d) for an ensemble."""
         if isinstance(model_input, dict) and set(model_input) == {INPUT_NAME}:
             model_input = model_input[INPUT_NAME]
         try:
@@ -93,11 +104,25 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
         out = []
         with torch.no_grad():
             for start in range(0, len(images), self.batch_size):
-                batch = preprocess_batch(images[start : start + self.batch_size], self.kind, self.image_size)
-                out.append(torch.nn.functional.normalize(self.model(batch).float(), dim=1))
+                chunk = images[start : start + self.batch_size]
+                parts = [Embeddings(m(preprocess_batch(chunk, self.kind, size))) for m, size in self.members]
+                out.append(concatenated(parts).queries)
         if not out:
-            return np.zeros((0, self.config.embedding_dim), np.float32)
+            return np.zeros((0, self.config.embedding_dim * len(self.members)), np.float32)
         return torch.cat(out).numpy().astype(np.float32)
+
+
+def member_key(index: int) -> str:
+    """The artifact key of a model's bundle ``index``: ``bundle`` for the first (a single model's), then ``bundle1``, ..."""
+    return f"bundle{index}" if index else "bundle"
+
+
+def member_keys(artifacts: dict[str, str]) -> list[str]:
+    """The artifact keys of a model's bundles, in order, while present."""
+    keys = [member_key(0)]
+    while member_key(len(keys)) in artifacts:
+        keys.append(member_key(len(keys)))
+    return keys
 
 
 def signature(embedding_dim: int) -> ModelSignature:
@@ -139,14 +164,19 @@ def pinned_requirements() -> list[str]:
     return pins
 
 
-def log_embedding_model(bundle: dict[str, Any], example: np.ndarray, workdir: Path, name: str, registered_model_name: str | None = None):
-    """Log the model of ``bundle`` (a run's bundle without its training state: config, weights, kind, image size) as
-    ``name`` under the active MLflow run, with signature, input example (``input_example``) and pinned requirements.
+def log_embedding_model(
+    bundle: dict[str, Any] | list[dict[str, Any]], example: np.ndarray, workdir: Path, name: str, registered_model_name: str | None = None
+):
+    """Log the model of ``bundle`` (a run's bundle without its training state: config, weights, kind, image size), or the
+    ensemble of a list of bundles, as ``name`` under the active MLflow run, with signature, input example
+    (``input_example``) and pinned requirements.
 
     Returns MLflow's ModelInfo (``model_id``, ``model_uri``, ``registered_model_version``).
     """
-    path = save_bundle(bundle, workdir / f"{name}.pt")
-    embedding_dim = TrainConfig.from_dict(bundle["config"], source=name).embedding_dim
+    bundles = bundle if isinstance(bundle, list) else [bundle]
+    files = [f"{name}.pt"] + [f"{name}-bundle{i}.pt" for i in range(1, len(bundles))]
+    artifacts = {member_key(i): str(save_bundle(b, workdir / file)) for i, (b, file) in enumerate(zip(bundles, files))}
+    embedding_dim = sum(TrainConfig.from_dict(b["config"], source=name).embedding_dim for b in bundles)
     code = [str(Path(trainables.__file__).parent), str(Path(study.__file__).parent)]
     quiet = logging.getLogger("mlflow.pyfunc")
     level = quiet.level
@@ -157,7 +187,7 @@ def log_embedding_model(bundle: dict[str, Any], example: np.ndarray, workdir: Pa
             return mlflow.pyfunc.log_model(
                 name=name,
                 python_model=EmbeddingModel(),
-                artifacts={"bundle": str(path)},
+                artifacts=artifacts,
                 code_paths=code,
                 registered_model_name=registered_model_name,
                 signature=signature(embedding_dim),
@@ -168,13 +198,15 @@ def log_embedding_model(bundle: dict[str, Any], example: np.ndarray, workdir: Pa
         quiet.setLevel(level)
 
 
-def version_description(config: TrainConfig, test: dict[str, float], origin: str, run_id: str) -> str:
-    """Markdown for a registered model version: where it came from, its test metrics, its config."""
+def version_description(config: TrainConfig, test: dict[str, float], origin: str, run_id: str, seeds: list[int] | None = None) -> str:
+    """Markdown for a registered model version: where it came from (one seed, or the ensemble of ``seeds``), its test
+    metrics, its config."""
     import yaml
 
     metrics = "\n".join(f"| {key.removeprefix('test_')} | {value:.4f} |" for key, value in sorted(test.items()))
+    which = f"seed {config.seed}" if not seeds else f"seeds {', '.join(map(str, seeds))} as one model (their embeddings side by side)"
     return (
-        f"Embedding model from {origin}; trained by study.final (run {run_id}), seed {config.seed}, "
+        f"Embedding model from {origin}; trained by study.final (run {run_id}), {which}, "
         f"{config.loss} loss on {config.dataset}.\n\n"
         f"Test metrics on the unseen test classes:\n\n| metric | value |\n| --- | --- |\n{metrics}\n\n"
         f"Config:\n\n```yaml\n{yaml.safe_dump(config.to_dict(), sort_keys=False)}```\n"

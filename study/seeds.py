@@ -22,10 +22,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from study.interrupts import StopSignals, uninterrupted
 from trainables.core.config import TrainConfig
+
+if TYPE_CHECKING:
+    from trainables.core.engine import Embeddings
 
 SEED_RETRIES = 3  # attempts after the first of a seed whose worker or node died (Ray's max_retries)
 # Fault injection for tests: the first seed task to end its second epoch (its first one reported) while this file is
@@ -108,6 +111,7 @@ class SeedOutput:
     bundle: dict[str, Any]  # the model's bundle on the CPU (config, weights, kind, image size), for the pyfunc model
     pictures: dict[str, bytes]  # PNG files by name: the similarity histogram, the retrieval grid, the t-SNE map
     node: str  # the host it trained on
+    embeddings: Embeddings | None = None  # the test set's (queries, gallery): a seed ensemble's metrics are computed from them
 
 
 Train = Callable[[SeedJob, Any, Callable[[EpochReport], None]], SeedOutput]

@@ -165,3 +165,20 @@ def test_a_runs_evaluation_loaders_keep_their_workers_and_embed_as_a_fresh_loade
     fresh = embed(model, images, 32, cpu, loaders=EvalLoaders(32, cpu, num_workers=0, batch_size=8))
     torch.testing.assert_close(first, fresh, rtol=0, atol=0)
     torch.testing.assert_close(second, fresh, rtol=0, atol=0)
+
+
+def test_an_ensemble_sets_its_members_unit_embeddings_side_by_side_so_its_cosine_is_their_mean():
+    """Two members by hand: A's rows are unit already, B's are (3, 4) and (0, 2), unit (0.6, 0.8) and (0, 1). The pair's
+    cosine is 0 under A and 0.8 under B; the ensemble's is their mean, 0.4, and its rows are unit length."""
+    from trainables.core.engine import Embeddings, concatenated
+
+    a = Embeddings(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    b = Embeddings(torch.tensor([[3.0, 4.0], [0.0, 2.0]]), gallery=torch.tensor([[0.0, 5.0]]))
+    joint = concatenated([a, Embeddings(b.queries)])
+    expected = torch.tensor([[1.0, 0.0, 0.6, 0.8], [0.0, 1.0, 0.0, 1.0]]) / 2**0.5
+    torch.testing.assert_close(joint.queries, expected)
+    assert joint.gallery is None
+    assert float(joint.queries[0] @ joint.queries[1]) == pytest.approx(0.4)
+    torch.testing.assert_close(joint.queries.norm(dim=1), torch.ones(2))
+    with_gallery = concatenated([Embeddings(a.queries, torch.tensor([[2.0, 0.0]])), b])
+    torch.testing.assert_close(with_gallery.gallery, torch.tensor([[1.0, 0.0, 0.0, 1.0]]) / 2**0.5)

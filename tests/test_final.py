@@ -105,7 +105,7 @@ def test_seeds_trained_side_by_side_are_recorded_as_one_after_another_even_when_
     """Two seeds as tasks of a local Ray (study.seeds); the worker of one dies after reporting its first epoch, as it
     would with its node (the fault injection of study.seeds). Ray runs that seed again; what is recorded is what one
     seed after another in the driver recorded: a run per seed with one value per epoch, the parent's mean and spread,
-    the pictures, each seed's model named embedding-seed<k>, the first one registered."""
+    the pictures, each seed's model named embedding-seed<k>, and the seeds as one model, registered."""
     marker = tmp_path / "lost-a-worker"
     monkeypatch.setenv(seeds.FAULT_ENV, str(marker))
     monkeypatch.setattr(seeds, "local_placement", lambda cores, n, device: seeds.Placement(parallel=True, threads=1, local_cpus=2.0))
@@ -124,7 +124,7 @@ def test_seeds_trained_side_by_side_are_recorded_as_one_after_another_even_when_
 def assert_final_records(uri: str, seed_values: list[int], registered: str, tmp_path: Path) -> None:
     """study.final's records of one configuration: the parent FINISHED with the seeds' mean and spread, its config and
     results; a FINISHED child run per seed with one train_loss per epoch, test metrics, pictures and its model
-    ``embedding-seed<k>``; the first seed's model registered as ``registered``, and it embeds raw images."""
+    ``embedding-seed<k>``; the seeds as one model, registered as ``registered``, and it embeds raw images."""
     client, found = all_runs(uri)
     parents = [r for r in found if r.data.tags.get("kind") == "final"]
     seed_runs = sorted((r for r in found if r.data.tags.get("kind") == "final_seed"), key=lambda r: int(r.data.params["seed"]))
@@ -153,14 +153,51 @@ def assert_final_records(uri: str, seed_values: list[int], registered: str, tmp_
     assert resolved["embedding_dim"] == 16 and resolved["loss"] == "softmax"
     results = json.loads(download(uri, parent.info.run_id, "results.json", tmp_path / "dl2").read_text())
     first = results["per_seed"][0]
-    assert (first["seed"], first["run_id"], first["registered_uri"]) == (
-        seed_values[0],
-        seed_runs[0].info.run_id,
-        f"models:/{registered}/1",
-    )
+    assert (first["seed"], first["run_id"], first["registered_uri"]) == (seed_values[0], seed_runs[0].info.run_id, None)
+    ensemble_run = assert_ensemble_is_the_seeds_side_by_side(uri, parent, seed_runs, models)
+    # with two seeds or more the final model is the seeds as one model: that is what is registered
+    assert (results["ensemble"]["run_id"], results["ensemble"]["registered_uri"]) == (ensemble_run, f"models:/{registered}/1")
     version = client.get_model_version(registered, "1")
-    assert version.run_id == seed_runs[0].info.run_id and f"seed {seed_values[0]}" in version.description
-    assert_model_embeds_raw_images(uri, first["registered_uri"], tmp_path)
+    seeds_named = ", ".join(map(str, seed_values))
+    assert version.run_id == ensemble_run and f"seeds {seeds_named} as one model" in version.description
+    assert_model_embeds_raw_images(uri, results["ensemble"]["registered_uri"], tmp_path, dim=16 * len(seed_values))
+
+
+def assert_ensemble_is_the_seeds_side_by_side(uri: str, parent, seed_runs: list, models: dict) -> str:
+    """The seeds as one model: a FINISHED child run with the model ``embedding-ensemble``, whose test R@1 is that of the
+    mean cosine similarity of the seed models, counted here by a direct loop over the test images; the model embeds an
+    image as the seed models' embeddings side by side, scaled by 1/sqrt(seeds)."""
+    from trainables.core.data import load_dataset
+    from trainables.core.engine import embed
+
+    (run,) = [r for r in all_runs(uri)[1] if r.data.tags.get("kind") == "final_ensemble"]
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert models[run.info.run_id].name == "embedding-ensemble"
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)  # models:/ URIs resolve through it
+    try:
+        singles = [mlflow.pyfunc.load_model(models[r.info.run_id].model_uri).unwrap_python_model() for r in seed_runs]
+        joint = mlflow.pyfunc.load_model(models[run.info.run_id].model_uri).unwrap_python_model()
+    finally:
+        mlflow.set_tracking_uri(before)
+    test = load_dataset("synthetic", None).test
+    labels, similarity = np.asarray(test.labels), np.zeros((len(test.labels), len(test.labels)))
+    for single in singles:
+        ((model, size),) = single.members
+        e = embed(model, test, size, torch.device("cpu")).numpy().astype(np.float64)
+        e /= np.linalg.norm(e, axis=1, keepdims=True)
+        similarity += e @ e.T / len(singles)
+    correct = 0
+    for i in range(len(labels)):  # the nearest other image by the seeds' mean cosine similarity
+        others = [j for j in range(len(labels)) if j != i]
+        correct += labels[others[int(np.argmax(similarity[i, others]))]] == labels[i]
+    assert run.data.metrics["test_recall_at_1"] == pytest.approx(correct / len(labels))
+    assert parent.data.metrics["ensemble_test_recall_at_1"] == pytest.approx(correct / len(labels))
+    images = omniglot_pngs(3)
+    side_by_side = np.concatenate([single.predict(None, images) for single in singles], axis=1) / np.sqrt(len(singles))
+    assert joint.predict(None, images).shape == (3, 16 * len(singles))
+    np.testing.assert_allclose(joint.predict(None, images), side_by_side, atol=1e-6)
+    return run.info.run_id
 
 
 def download(uri: str, run_id: str, name: str, dst: Path) -> Path:
@@ -168,8 +205,8 @@ def download(uri: str, run_id: str, name: str, dst: Path) -> Path:
     return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=str(dst), tracking_uri=uri))
 
 
-def assert_model_embeds_raw_images(uri: str, model_uri: str, tmp_path: Path) -> None:
-    """The logged model, loaded in a fresh process, embeds raw uint8 images of any size."""
+def assert_model_embeds_raw_images(uri: str, model_uri: str, tmp_path: Path, dim: int = 16) -> None:
+    """The logged model, loaded in a fresh process, embeds raw uint8 images of any size, ``dim`` wide."""
     images = omniglot_pngs(6)
     np.save(tmp_path / "images.npy", images)
     code = (
@@ -189,7 +226,7 @@ def assert_model_embeds_raw_images(uri: str, model_uri: str, tmp_path: Path) -> 
     last = out.stdout.strip().splitlines()[-1]
     dtype, diff = last.split(" ")[0], last.split(" ")[-1]
     embeddings = np.load(tmp_path / "emb.npy")
-    assert dtype == "float32" and embeddings.shape == (6, 16)
+    assert dtype == "float32" and embeddings.shape == (6, dim)
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
     assert float(diff) < 1e-5  # (N, H, W) and (N, H, W, 3) inputs give the same embeddings
 
@@ -549,6 +586,26 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     assert "  time per seed            60 s" in out and "parent run: parent1" in out  # 60.5 rounds half to even
     assert "  model: models:/m-1  (run run1)" in out and "registered as: models:/s1-embedding/1: the first seed's model, seed 0" in out
     assert "-m models:/s1-embedding/1 " in out  # the registered version is what the serve command serves
+
+    ensemble = final.EnsembleResult("run9", {"test_recall_at_1": 0.75}, "models:/m-9")
+    joint = dataclasses.replace(only, summary=only.summary | {"ensemble_test_recall_at_1": 0.75}, ensemble=ensemble)
+    assert joint.record()["ensemble"] == {
+        "run_id": "run9",
+        "test": {"test_recall_at_1": 0.75},
+        "model_uri": "models:/m-9",
+        "registered_uri": None,
+    }
+    final.print_summary(
+        final.FinalResult("s1", "sqlite:///x.db", "parent1", (dataclasses.replace(joint, seeds=(seed_result(0, 0.6), seeds[1])),))
+    )
+    out = capsys.readouterr().out
+    assert "the 2 seeds as one model (their embeddings side by side, 2 x 16 wide" in out
+    assert "  test_recall_at_1         0.7500  (seeds' mean 0.7000)" in out and "  model: models:/m-9  (run run9)" in out
+    assert "-m models:/m-9 " in out  # without a registered version the serve command serves the ensemble
+    registered = dataclasses.replace(joint, ensemble=dataclasses.replace(ensemble, registered_uri="models:/s1-embedding/2"))
+    final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "parent1", (registered,)))
+    out = capsys.readouterr().out
+    assert "  registered as: models:/s1-embedding/2: the 2 seeds as one model" in out and "-m models:/s1-embedding/2 " in out
 
     other = final.ConfigurationResult("b", config, (seed_result(0, 0.4), seed_result(1, 0.5)), only.summary)
     final.print_summary(final.FinalResult("g", "sqlite:///x.db", "parent2", (only, other)))

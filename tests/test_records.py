@@ -540,6 +540,10 @@ def test_the_study_description_ends_with_its_retrained_pick_and_a_later_retraini
     )
     again = with_final(once, {"test_recall_at_1_mean": 0.85, "test_recall_at_1_std": 0.0}, 1, 32, "runs:/r/embedding-seed0")
     assert again.startswith(note + "\n\n" + FINAL_MARK) and again.count(FINAL_MARK) == 1 and "0.8500" in again and "0.8471" not in again
+    joint = with_final(note, summary | {"ensemble_test_recall_at_1": 0.8612}, 3, 32, "models:/m-e")
+    assert "nmi 0.9000 +- 0.0000; the seeds as one model (their embeddings side by side): recall_at_1 0.8612. Model: `models:/m-e`." in (
+        joint
+    )
 
 
 def test_epochs_of_an_attempt_the_last_one_did_not_reach_are_kept_once_and_tagged(tmp_path, mlflow_fake):

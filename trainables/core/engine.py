@@ -267,6 +267,23 @@ def evaluate(
     loaders = loaders or EvalLoaders(image_size, device, num_workers)
     queries = embed(model, images, image_size, device, plan=plan, loaders=loaders)
     found = None if gallery is None else embed(model, gallery, image_size, device, plan=plan, loaders=loaders)
+    embeddings = Embeddings(queries, found)
+    return score(embeddings, images, gallery, prefix=prefix, ks=ks, seed=seed, one_shot_ways=one_shot_ways), embeddings
+
+
+def score(
+    embeddings: Embeddings,
+    images: ImageSet,
+    gallery: ImageSet | None = None,
+    *,
+    prefix: str,
+    ks: tuple[int, ...] = (1, 2, 4, 8),
+    seed: int = 0,
+    one_shot_ways: int = 0,
+) -> dict[str, float]:
+    """The metrics :func:`evaluate` gives, of embeddings already computed: ``embeddings.queries`` (N, D) of ``images``,
+    ``embeddings.gallery`` (M, D) of ``gallery`` where the dataset has one."""
+    queries, found = embeddings.queries, embeddings.gallery
     kwargs: dict[str, Any] = {} if gallery is None else {"gallery_embeddings": found, "gallery_labels": gallery.labels}
     metrics = evaluate_embeddings(queries, images.labels, ks, seed=seed, **kwargs)
     if one_shot_ways and gallery is None:
@@ -275,7 +292,18 @@ def evaluate(
             metrics[f"one_shot_error_{one_shot_ways}way"] = error
         except ValueError as too_few:  # fewer classes (per alphabet) than ways: the metric does not exist here
             log.info("%s_one_shot_error_%dway not computed: %s", prefix, one_shot_ways, too_few)
-    return {f"{prefix}_{name}": value for name, value in metrics.items()}, Embeddings(queries, found)
+    return {f"{prefix}_{name}": value for name, value in metrics.items()}
+
+
+def concatenated(members: list[Embeddings]) -> Embeddings:
+    """The embeddings of an ensemble of models: each member's (N, d_i) l2-normalized, set side by side and scaled by
+    1/sqrt(len(members)), (N, sum d_i) of unit length. Its cosine similarity is the mean of the members'."""
+
+    def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.normalize(part.float(), dim=1) for part in parts], dim=1) / len(parts) ** 0.5
+
+    gallery = None if members[0].gallery is None else joined([m.gallery for m in members])
+    return Embeddings(joined([m.queries for m in members]), gallery)
 
 
 @dataclass
