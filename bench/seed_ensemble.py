@@ -120,8 +120,8 @@ def test_embeddings(model_uri: str, images, store: Path) -> np.ndarray:
     from trainables.core.engine import embed
 
     mlflow.set_tracking_uri(f"sqlite:///{store}")
-    (model, image_size), *_ = mlflow.pyfunc.load_model(model_uri).unwrap_python_model().members
-    return embed(model, images, image_size, torch.device("cpu")).numpy()
+    model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()  # one seed's: its model and image size
+    return embed(model.model, images, model.image_size, torch.device("cpu")).numpy()
 
 
 def run_test(args: argparse.Namespace, results: list[dict]) -> list[dict]:

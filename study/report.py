@@ -675,9 +675,25 @@ def study_finals(client, parent, out: Path) -> list[Block]:
     return [
         heading,
         *paper_table({column: [_seed_metrics(r) for r in finals]}),
+        *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
         *final_diagnostics(client, {column: finals}, out),
     ]
+
+
+def ensemble_line(client, parent) -> list[Block]:
+    """The latest finished seeds-as-one-model run of study.final under ``parent`` (the final model), in the table's
+    metrics (%); nothing when there is none (one seed)."""
+    runs = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="final_ensemble")
+    done = [r for r in runs if r.info.status == "FINISHED"]
+    if not done:
+        return []
+    latest = max(done, key=lambda r: r.info.start_time)
+    m = latest.data.metrics
+    shown = ", ".join(f"{label} {100 * m[key]:.1f}" for label, key in TABLE_METRICS if key in m)
+    seeds = latest.data.tags.get("seeds", "").replace(" ", ", ")
+    words = f"The final model, seeds {seeds} as one model (their embeddings side by side), run "
+    return [Paragraph((words, Code(latest.info.run_name), f": {shown} (%)."))]
 
 
 def study_report(client, parent, out: Path, top: int) -> list[str]:

@@ -293,7 +293,9 @@ def test_final_space_then_report(tmp_path, runs, capsys):
     client, found = all_runs(uri)
     parents = [r for r in found if r.data.tags.get("kind") == "final_grid"]
     children = [r for r in found if r.data.tags.get("kind") == "final_seed"]
-    assert len(parents) == 1 and len(found) == 5
+    ensembles = {r.data.tags["configuration"]: r for r in found if r.data.tags.get("kind") == "final_ensemble"}
+    assert len(parents) == 1 and len(found) == 7  # the parent, 2 seeds and their ensemble per configuration
+    assert {c: r.info.run_name for c, r in ensembles.items()} == {"heated": "heated-ensemble", "plain": "plain-ensemble"}
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["study_name"] == "tiny_grid" and parent.data.tags["configurations"] == "2"
@@ -316,6 +318,8 @@ def test_final_space_then_report(tmp_path, runs, capsys):
         r1 = sorted(r.data.metrics["test_recall_at_1"] for r in runs_)
         assert sorted(s["test"]["test_recall_at_1"] for s in results[conf]["per_seed"]) == pytest.approx(r1)
         assert results[conf]["summary"]["test_recall_at_1_mean"] == pytest.approx(sum(r1) / 2)
+        joint = ensembles[conf].data.metrics["test_recall_at_1"]
+        assert results[conf]["ensemble"]["test"]["test_recall_at_1"] == results[conf]["summary"]["ensemble_test_recall_at_1"] == joint
     configurations = yaml.safe_load(parent_file(uri, parent, "configurations.yaml", tmp_path / "dl").read_text())
     assert configurations["heated"]["heating"] == "two_stage" and configurations["plain"]["normalization"] == "l2"
     assert_grid_report(client, uri, parent, by_conf, tmp_path / "report")
@@ -499,3 +503,23 @@ def test_the_picked_config_says_the_budget_study_final_trains_it_to(tmp_path, ru
     text = (out / "report.md").read_text()
     assert "The best trial's config (`best_config.yaml`, what `study.final --study` retrains" in text
     assert ("retrains for 6 epochs (its epochs below are the trials' budget" in text) == said
+
+
+def test_the_finals_section_names_the_latest_finished_ensemble_of_the_study(tmp_path, runs):
+    """The seeds as one model is the final model: the report gives its metrics (%) from the latest ensemble run that
+    finished (a later one that was killed is not it), and nothing when the study's final had one seed."""
+    uri = write_study_records(tmp_path, f"journal:{tmp_path / 'optuna.log'}")
+    client = mlflow.MlflowClient(uri)
+    parent = [r for r in all_runs(uri)[1] if r.data.tags.get("kind") == "study"][0]
+    assert report.ensemble_line(client, parent) == []
+    for name, recall, status in (("old", 0.81234, "FINISHED"), ("new", 0.86789, "FINISHED"), ("cut", 0.9, "KILLED")):
+        tags = {"mlflow.parentRunId": parent.info.run_id, "kind": "final_ensemble", "seeds": "0 1 2"}
+        run = client.create_run(parent.info.experiment_id, run_name=f"final-hand-{name}", tags=tags).info.run_id
+        client.log_metric(run, "test_recall_at_1", recall)
+        client.log_metric(run, "test_map_at_r", 0.5)
+        client.set_terminated(run, status)
+    text = report.markdown(report.ensemble_line(client, parent))
+    assert (
+        "The final model, seeds 0, 1, 2 as one model (their embeddings side by side), run `final-hand-new`: R@1 86.8, MAP@R 50.0 (%)."
+        in text
+    )
