@@ -598,7 +598,8 @@ class SeedRuns:
         )
 
     def done(self, output: SeedOutput) -> None:
-        """The seed's run gets its pictures, time, model (registered for the first seed) and linked test metrics, then ends."""
+        """The seed's run gets its pictures, time, model (registered when it is the only seed) and linked test metrics, then
+        ends; with more seeds its bundle and test embeddings are kept for :meth:`ensemble`."""
         run_id, workdir = self.run_ids[output.index], self.target.workdir
         origin = self.origin()
         with mlflow.start_run(run_id=run_id):
