@@ -201,8 +201,8 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
         epochs = f"{outcome.final_epochs} epochs, " if outcome.final_epochs else ""
         print(
             f"\nretrain it on all training classes and test it:  {python_command('study.final')} {flags}\n"
-            f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the model of seed {config.seed}, the seed the study "
-            f"scored, is registered as {study_name}-embedding: choosing the seed by its test score would tune on the test classes)"
+            f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the three as one model, their embeddings side by "
+            f"side, is registered as {study_name}-embedding; no seed is chosen by its test score, which would tune on the test classes)"
         )
     shows = "the trials and their curves" if best is None else "top trials, the pick, importances, curves; once retrained, its test results"
     print(f"the report ({shows}):  {python_command('study.report')} {flags}")

@@ -259,7 +259,7 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     out = capsys.readouterr().out
     assert f"{console.python_command('study.final')} --study s --experiment e\n" in out
     assert "(32 epochs, seeds 3, 4, 5;" in out  # the budget study.final --study will train to
-    assert "the model of seed 3" in out and "registered as s-embedding" in out
+    assert "the three as one model, their embeddings side by side, is registered as s-embedding" in out
     assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
     assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out
 
