@@ -35,9 +35,12 @@ RETRIEVAL = ("recall_at_1", "map_at_r")
 
 
 def ensemble(parts: list[np.ndarray]) -> np.ndarray:
-    """(N, sum of d_i): each part (N, d_i) l2-normalized, then side by side; its cosine similarity is the parts' mean."""
-    unit = [part / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12) for part in parts]
-    return np.concatenate(unit, axis=1).astype(np.float32)
+    """(N, sum of d_i): the parts (N, d_i) as study.final joins its seeds (``engine.concatenated``)."""
+    import torch
+
+    from trainables.core.engine import Embeddings, concatenated
+
+    return concatenated([Embeddings(torch.from_numpy(np.asarray(part, np.float32))) for part in parts]).queries.numpy()
 
 
 def scores(embeddings: np.ndarray, labels: np.ndarray, groups: dict | None = None, seed: int = 0) -> dict[str, float]:

@@ -16,10 +16,8 @@ def test_the_ensemble_sets_unit_rows_side_by_side_so_a_pairs_cosine_is_the_seeds
     a = np.array([[2.0, 0.0], [0.0, 1.0]])
     b = np.array([[3.0, 4.0], [0.0, 2.0]])
     joint = seed_ensemble.ensemble([a, b])
-    np.testing.assert_allclose(joint, [[1.0, 0.0, 0.6, 0.8], [0.0, 1.0, 0.0, 1.0]], atol=1e-7)
-    # not rescaled here: R@1 and MAP@R normalize rows themselves; the cosine is (0 + 0.8) / 2 once normalized
-    unit = joint / np.linalg.norm(joint, axis=1, keepdims=True)
-    assert float(unit[0] @ unit[1]) == pytest.approx(0.4)
+    np.testing.assert_allclose(joint, np.array([[1.0, 0.0, 0.6, 0.8], [0.0, 1.0, 0.0, 1.0]]) / np.sqrt(2), atol=1e-7)
+    assert float(joint[0] @ joint[1]) == pytest.approx(0.4)  # (0 + 0.8) / 2
 
 
 def test_compare_and_table_give_the_gain_over_the_seeds_mean():
