@@ -44,13 +44,14 @@ def ensemble(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def scores(embeddings: np.ndarray, labels: np.ndarray, groups: dict | None = None, seed: int = 0) -> dict[str, float]:
-    """R@1 and MAP@R of ``embeddings`` (N, D) on ``labels`` (N,); with ``groups`` (class -> alphabet) the one-shot error."""
+    """R@1 and MAP@R of ``embeddings`` (N, D) on ``labels`` (N,); with ``groups`` (class -> alphabet) the 20-way one-shot error."""
+    from trainables.core.engine import ONE_SHOT_WAYS
     from trainables.core.metrics import evaluate_embeddings, one_shot_error
 
     found = evaluate_embeddings(embeddings, labels, ks=(1,), seed=seed)
     out = {key: float(found[key]) for key in RETRIEVAL}
     if groups is not None:
-        out["one_shot_error"] = one_shot_error(embeddings, labels, groups, ways=20, seed=seed)
+        out["one_shot_error"] = one_shot_error(embeddings, labels, groups, ways=ONE_SHOT_WAYS, seed=seed)
     return out
 
 
@@ -108,11 +109,8 @@ def final_models(store: Path) -> list[tuple[int, str]]:
     client = mlflow.MlflowClient(f"sqlite:///{store}")
     experiment = client.get_experiment_by_name("dml-studies")
     runs = client.search_runs([experiment.experiment_id], filter_string="tags.kind = 'final_seed' and attributes.status = 'FINISHED'")
-    models = []
-    for run in runs:
-        logged = [m for m in client.search_logged_models([experiment.experiment_id]) if m.source_run_id == run.info.run_id]
-        models.append((int(run.data.params["seed"]), logged[0].model_uri))
-    return sorted(models)
+    by_run = {m.source_run_id: m.model_uri for m in client.search_logged_models([experiment.experiment_id])}
+    return sorted((int(run.data.params["seed"]), by_run[run.info.run_id]) for run in runs)
 
 
 def test_embeddings(model_uri: str, images, store: Path) -> np.ndarray:

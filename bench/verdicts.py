@@ -313,9 +313,9 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
     metrics = parent.data.metrics
     study = optuna_study(folder, run.name)
     number, config, selection = optuna_pick(study)
-    tests = {key: metrics.get(metric) for key, metric in test_metric_keys().items()}
-    spreads = {key: metrics.get(metric.removesuffix("_mean") + "_std") for key, metric in test_metric_keys().items()}
     keys = test_metric_keys().items()
+    tests = {key: metrics.get(metric) for key, metric in keys}
+    spreads = {key: metrics.get(metric.removesuffix("_mean") + "_std") for key, metric in keys}
     joint = {key: metrics.get(metric.replace("final_", "final_ensemble_", 1).removesuffix("_mean")) for key, metric in keys}
     return {
         "study": run.name, "seed": run.seed, "repeat": run.repeat, "wall_time_s": metrics.get("wall_time_s"),

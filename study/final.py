@@ -21,6 +21,7 @@ cores when it has several (each seed's process with its share of torch threads),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -32,7 +33,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -565,19 +566,25 @@ class SeedRuns:
         """Where the configuration came from, for a registered version's description."""
         return f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
 
-    def start(self, job: SeedJob) -> None:
-        config, target = job.config, self.target
-        tags = {**tracking.reproducibility_tags(), **target.owner, "kind": "final_seed", "seed": str(config.seed)}
-        tags["mlflow.parentRunId"] = target.parent_id
+    def open_child(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """A child run of the parent (a seed's or the ensemble's) with the common tags, ``tags`` and ``params``; its id,
+        also appended to ``started``."""
+        target = self.target
+        tags = {**tracking.reproducibility_tags(), **target.owner, "mlflow.parentRunId": target.parent_id, **tags}
         if self.plan.study:
             tags["study_name"] = self.plan.study
         if self.plan.grid:
             tags["configuration"] = self.name
-        run = self.client.create_run(target.experiment_id, run_name=self.plan.seed_run_name(self.name, config.seed), tags=tags)
-        self.run_ids[job.index] = run.info.run_id
+        run_id = self.client.create_run(target.experiment_id, run_name=run_name, tags=tags).info.run_id
+        self.started.append(run_id)
+        self.client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+        return run_id
+
+    def start(self, job: SeedJob) -> None:
+        config = job.config
+        tags = {"kind": "final_seed", "seed": str(config.seed)}
+        self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), tags, config.to_dict())
         self.jobs[job.index] = job
-        self.started.append(run.info.run_id)
-        self.client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in config.to_dict().items()])
 
     def epoch(self, report: EpochReport) -> None:
         metrics, now = report.metrics, int(time.time() * 1000)
@@ -602,19 +609,14 @@ class SeedRuns:
         ends; with more seeds its bundle and test embeddings are kept for :meth:`ensemble`."""
         run_id, workdir = self.run_ids[output.index], self.target.workdir
         origin = self.origin()
-        with mlflow.start_run(run_id=run_id):
-            try:
-                mlflow.set_tag("node", output.node)
-                for file, data in output.pictures.items():
-                    (workdir / file).write_bytes(data)
-                    mlflow.log_artifact(str(workdir / file))
-                mlflow.log_metric("time/total_s", output.time_s)
-                register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
-                model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
-            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
-                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
-                mlflow.end_run(status="KILLED")
-                raise
+        with killed_on_signal(run_id):
+            mlflow.set_tag("node", output.node)
+            for file, data in output.pictures.items():
+                (workdir / file).write_bytes(data)
+                mlflow.log_artifact(str(workdir / file))
+            mlflow.log_metric("time/total_s", output.time_s)
+            register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
+            model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
         seed = self.jobs[output.index].config.seed
         self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri)
         if self.plan.seeds > 1 and output.embeddings is not None:
@@ -629,27 +631,27 @@ class SeedRuns:
             concatenated([embeddings for _, embeddings in members]), splits.test, splits.gallery,
             prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
         )  # fmt: skip
-        target, seed_values = self.target, [self.jobs[i].config.seed for i in sorted(self.members)]
-        tags = {**tracking.reproducibility_tags(), **target.owner, "kind": "final_ensemble", "mlflow.parentRunId": target.parent_id}
-        tags["seeds"] = " ".join(map(str, seed_values))
-        if self.plan.study:
-            tags["study_name"] = self.plan.study
-        if self.plan.grid:
-            tags["configuration"] = self.name
-        run = self.client.create_run(target.experiment_id, run_name=self.plan.ensemble_run_name(self.name), tags=tags)
-        self.started.append(run.info.run_id)
-        params = {**config.to_dict(), "ensemble_seeds": len(members)}
-        self.client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
-        with mlflow.start_run(run_id=run.info.run_id):
-            try:
-                bundles, register = [bundle for bundle, _ in members], self.register
-                info = log_embedding_model(bundles, self.example, target.workdir, name="embedding-ensemble", registered_model_name=register)
-                registered = link_metrics(info, test, config, register, self.origin(), seed_values)
-            except KeyboardInterrupt as error:  # stopped, not failed: MLflow's context would end the run FAILED
-                mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
-                mlflow.end_run(status="KILLED")
-                raise
-        return EnsembleResult(run.info.run_id, test, info.model_uri, registered)
+        seed_values = [self.jobs[i].config.seed for i in sorted(self.members)]
+        tags = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}
+        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), "ensemble_seeds": len(members)})
+        with killed_on_signal(run_id):
+            bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
+            info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
+            registered = link_metrics(info, test, config, register, self.origin(), seed_values)
+        return EnsembleResult(run_id, test, info.model_uri, registered)
+
+
+@contextlib.contextmanager
+def killed_on_signal(run_id: str) -> Iterator[None]:
+    """The existing run ``run_id`` made active; it ends FINISHED, FAILED on an error, and KILLED (with the signal as
+    ``failure_reason``) when a signal stops the work inside, where MLflow's own context would end it FAILED."""
+    with mlflow.start_run(run_id=run_id):
+        try:
+            yield
+        except KeyboardInterrupt as error:
+            mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
+            mlflow.end_run(status="KILLED")
+            raise
 
 
 def train_configuration(

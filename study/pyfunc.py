@@ -74,21 +74,23 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
     batch_size = 256
 
     def load_context(self, context) -> None:
-        self.members = [self.load_member(context.artifacts[key]) for key in member_keys(context.artifacts)]
-        self.model, self.image_size = self.members[0]  # the first member's: the single model's, as before ensembles
-        self.config = TrainConfig.from_dict(load_bundle(context.artifacts["bundle"])["config"], source=context.artifacts["bundle"])
+        loaded = [self.load_member(context.artifacts[key]) for key in member_keys(context.artifacts)]
+        self.members = [(model, image_size) for model, image_size, _ in loaded]
+        self.model, self.image_size, self.config = loaded[0]  # the first member's: the single model's, as before ensembles
 
-    def load_member(self, path: str) -> tuple[torch.nn.Module, int]:
-        """The model of the bundle at ``path`` in eval mode, and the image size it embeds at."""
+    def load_member(self, path: str) -> tuple[torch.nn.Module, int, TrainConfig]:
+        """The model of the bundle at ``path`` in eval mode, the image size it embeds at and its config; ``kind`` is the
+        members' (seeds of one configuration)."""
         bundle = load_bundle(path)
-        config = TrainConfig.from_dict(bundle["config"], source=path).replace(pretrained="none")  # its weights replace pretrained ones
+        trained = TrainConfig.from_dict(bundle["config"], source=path)
+        config = trained.replace(pretrained="none")  # its weights replace any pretrained ones
         self.kind, image_size = bundle["kind"], int(bundle["image_size"])
         model = build_model(config, self.kind, image_size)
         model.load_state_dict(bundle["model"])  # with embedding_reduction=pca, also its fitted PCA (buffers)
         model.eval()
         if model.pca is not None and not model.pca.is_fitted:
             raise CheckpointError(f"{path}: embedding_reduction=pca, but the model holds no fitted PCA")
-        return model, image_size
+        return model, image_size, trained
 
     # np.ndarray is the hint MLflow documents as "no validation from type hints": the signature below
     # describes the input, and as_uint8_images checks it. What arrives is {"images": array} from MLflow
