@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial
 from study import plots
 from study.inputs import write_yaml
 from study.plots import note
+from study.selection import Selection
 from study.tracking import first_error_line
 from study.trial import run_key
 from trainables.core.config import TrainConfig, applicable_keys
@@ -162,6 +163,19 @@ def draw_parallel_coordinates(study: optuna.Study, metric: str, path: Path) -> P
     if not groups:
         return note(path, "parallel coordinates", "not drawn: fewer than two complete trials, or no parameter that varies")
     return plots.family_parallel_coordinates(groups, path, metric=metric, log_params=log_params, choices=choices)
+
+
+def tied_configs(study: optuna.Study, selection: Selection, path: Path) -> Path:
+    """tied_configs.yaml: the config of each candidate the race could not tell from the winner (``Selection.tied``,
+    the winner first), the keys that apply to its loss as in best_config.yaml; what ``study.final --study`` trains
+    as one model (``--members tied``)."""
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    entries = []
+    for number in selection.tied:
+        config = TrainConfig.from_dict(trials[number].user_attrs["config"], source=f"trial {number}")
+        resolved = config.to_dict()
+        entries.append({"trial": number, "config": {key: resolved[key] for key in applicable_keys(config)}})
+    return write_yaml(path, entries)
 
 
 def study_artifacts(

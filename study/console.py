@@ -199,10 +199,15 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
         for key in applicable_keys(config):
             print(f"  {key}: {getattr(config, key)}")
         epochs = f"{outcome.final_epochs} epochs, " if outcome.final_epochs else ""
+        seeds = (config.seed, config.seed + 1, config.seed + 2)
+        tied = outcome.selection.tied if outcome.selection is not None else ()
+        trains = f"seeds {', '.join(map(str, seeds))}; the three"
+        if len(tied) > 1:  # study.final --members tied: seed k trains the k-th tied candidate
+            trains = ", ".join(f"#{tied[k % len(tied)]} with seed {seed}" for k, seed in enumerate(seeds)) + ", the race's tie; the three"
         print(
             f"\nretrain it on all training classes and test it:  {python_command('study.final')} {flags}\n"
-            f"  ({epochs}seeds {config.seed}, {config.seed + 1}, {config.seed + 2}; the three as one model, their embeddings side by "
-            f"side, is registered as {study_name}-embedding; no seed is chosen by its test score, which would tune on the test classes)"
+            f"  ({epochs}{trains} as one model, their embeddings side by side, is registered as {study_name}-embedding; "
+            "no seed is chosen by its test score, which would tune on the test classes)"
         )
     shows = "the trials and their curves" if best is None else "top trials, the pick, importances, curves; once retrained, its test results"
     print(f"the report ({shows}):  {python_command('study.report')} {flags}")

@@ -68,6 +68,9 @@ from trainables.core.models import WeightsError
 log = logging.getLogger(__name__)
 DEFAULT_CONFIG = "omniglot_hbn.yaml"
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, WeightsError, CheckpointError)
+# what a study's final seeds train (--members): the race's tied candidates, decided on the validation classes
+# (docs/results.md, "The race's tie as one model"), or the pick alone
+MEMBERS = ("tied", "pick")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="retrain the best config of this study (its parent run's best_config.yaml) on the study's data root; "
         "the seed runs become children of the study's parent run and the final model (the seeds as one model; "
         "with --seeds 1 the seed's) is registered as NAME-embedding",
+    )
+    parser.add_argument(
+        "--members",
+        choices=MEMBERS,
+        help="with --study and --seeds > 1, what the seeds train: 'tied' (default), the candidates the study's race "
+        "could not tell apart, best mean first (seed k trains the k-th, cycling; a clear pick trains alone), so the "
+        "final model is the tie as one model; 'pick', the pick alone",
     )
     tracking.add_tracking_flags(
         parser.add_argument, f"MLflow experiment (default: final; with --study: {tracking.DEFAULT_EXPERIMENT}, as study.launch)", None
@@ -163,6 +173,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for flag, value in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
         if value is not None and args.address is None:
             parser.error(f"{flag} sizes a seed's task on a Ray cluster; give --address (on this machine the seeds share its cores)")
+    if args.members is not None and not args.study:
+        parser.error(f"--members {args.members}: chooses what a study's final seeds train; give --study")
+    args.members = args.members or MEMBERS[0]
     if args.device and args.address is not None:
         parser.error("--device: with --address a seed trains on CUDA when it holds a GPU (--gpus-per-trial), else on CPU")
     names.check_names({"--study": args.study, "--experiment": args.experiment, "--register": args.register})
@@ -206,6 +219,8 @@ class EnsembleResult:
     test: dict[str, float]  # the test_* metrics of the seeds' concatenated embeddings (engine.concatenated)
     model_uri: str
     registered_uri: str | None = None  # models:/NAME/VERSION when registered (the plan's register name), else None
+    trials: tuple[int, ...] = ()  # a study's tied candidates, one per seed (--members tied); () for seeds of one configuration
+    width: int = 0  # the members' embedding sizes together
 
 
 @dataclass(frozen=True)
@@ -322,10 +337,17 @@ def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, registe
 
 
 def link_metrics(
-    info, test: dict[str, float], config: TrainConfig, register: str | None, origin: str, seeds: list[int] | None = None
+    info,
+    test: dict[str, float],
+    config: TrainConfig,
+    register: str | None,
+    origin: str,
+    seeds: list[int] | None = None,
+    tied: list[tuple[int, TrainConfig]] | None = None,
 ) -> str | None:
     """Log ``test`` (the finite values) in the active run, linked to the logged model of ``info``; describe its registered
-    version (one seed's, or the ensemble of ``seeds``). Returns models:/NAME/VERSION, or None when not registered."""
+    version (one seed's, the ensemble of ``seeds``, or of a study's ``tied`` candidates). Returns models:/NAME/VERSION, or
+    None when not registered."""
     from study.pyfunc import version_description
 
     linked = {k: v for k, v in test.items() if math.isfinite(v)}
@@ -333,7 +355,7 @@ def link_metrics(
     version = info.registered_model_version
     if not register or version is None:
         return None
-    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id, seeds)
+    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id, seeds, tied)
     mlflow.MlflowClient().update_model_version(register, str(version), description=description)
     return f"models:/{register}/{version}"
 
@@ -351,21 +373,41 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     if parent.info.status == "RUNNING":  # its pick is not made yet: best_config.yaml is written at the study's end
         raise UsageError(still_running(study, experiment, uri, parent.info.run_id))
     record = StudyRecord.from_params(parent.data.params, where=f"study {study!r}")
+    values = study_file(parent.info.run_id, "best_config.yaml", uri, "the study's best config")
+    if values is None:
+        raise UsageError(
+            f"--study {study}: the study has no best_config.yaml (no trial completed); "
+            "expected a finished study with at least one complete trial"
+        )
+    config = TrainConfig.from_dict({**values, **final_epochs(epochs, record)}, source=f"best_config.yaml of study {study}")
+    return config, parent.info.run_id, record
+
+
+def final_epochs(epochs: int | None, record: StudyRecord) -> dict[str, int]:
+    """The epochs key of a study's final configs: ``epochs`` (--epochs), else the study's ``final_epochs``; {} for neither
+    (the trials' own)."""
+    return {"epochs": epochs if epochs is not None else record.final_epochs} if epochs is not None or record.final_epochs else {}
+
+
+def study_file(parent_id: str, name: str, uri: str, what: str) -> Any:
+    """The YAML artifact ``name`` of a study's parent run, read; None when the run has none."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = mlflow.artifacts.download_artifacts(
-                run_id=parent.info.run_id, artifact_path="best_config.yaml", dst_path=tmp, tracking_uri=uri
-            )
+            path = mlflow.artifacts.download_artifacts(run_id=parent_id, artifact_path=name, dst_path=tmp, tracking_uri=uri)
         except mlflow.exceptions.MlflowException:
-            raise UsageError(
-                f"--study {study}: the study has no best_config.yaml (no trial completed); "
-                "expected a finished study with at least one complete trial"
-            ) from None
-        values = inputs.read_yaml(path, "the study's best config")
-    if epochs is not None or record.final_epochs:
-        values = {**values, "epochs": epochs if epochs is not None else record.final_epochs}
-    config = TrainConfig.from_dict(values, source=f"best_config.yaml of study {study}")
-    return config, parent.info.run_id, record
+            return None
+        return inputs.read_yaml(path, what)
+
+
+def tied_members(study: str, parent_id: str, record: StudyRecord, epochs: int | None, uri: str) -> tuple[Member, ...]:
+    """The candidates the study's race could not tell apart (its tied_configs.yaml, the pick first), at the final
+    epochs; () for a study without the file (one from before it, or one that did not race)."""
+    entries = study_file(parent_id, "tied_configs.yaml", uri, "the study's tied candidates") or []
+    source = f"tied_configs.yaml of study {study}"
+    return tuple(
+        Member(int(entry["trial"]), TrainConfig.from_dict({**entry["config"], **final_epochs(epochs, record)}, source=source))
+        for entry in entries
+    )
 
 
 def still_running(study: str, experiment: str, uri: str, parent_id: str) -> str:
@@ -403,6 +445,14 @@ def space_configs(path: str, epochs: int | None) -> tuple[list[tuple[str, TrainC
 
 
 @dataclass(frozen=True)
+class Member:
+    """One candidate a study's race could not tell from its pick: its Optuna trial number and config (final epochs)."""
+
+    trial: int
+    config: TrainConfig
+
+
+@dataclass(frozen=True)
 class FinalPlan:
     """What one study.final command trains and where it records it, resolved before any MLflow run exists.
 
@@ -425,6 +475,7 @@ class FinalPlan:
     register: str | None = None  # registry name of the final model (the seeds' ensemble; one seed's with one seed)
     data_root: str | None = None  # the study's own (--study), used without --data-root and $DML_DATA_ROOT
     trial_resources: tuple[float, float] = (1.0, 0.0)  # CPUs and GPUs of the study's trials (--study), a seed's task's by default
+    members: tuple[Member, ...] = ()  # --study --members tied: the race's tied candidates, the pick first; (): the pick alone
 
     @property
     def grid(self) -> bool:
@@ -438,6 +489,16 @@ class FinalPlan:
     def seed_values(self) -> list[int]:
         """The seeds of the first configuration; every configuration counts from its own config seed."""
         return [self.configurations[0][1].seed + i for i in range(self.seeds)]
+
+    def seed_config(self, config: TrainConfig, index: int) -> TrainConfig:
+        """What seed ``index`` of ``config`` trains: ``config`` with seed config.seed + index, or with tied members the
+        ``index``-th of them (cycling) with that seed."""
+        base = self.members[index % len(self.members)].config if self.members else config
+        return base.replace(seed=config.seed + index)
+
+    def seed_trial(self, index: int) -> int | None:
+        """The Optuna trial seed ``index`` trains with tied members, else None."""
+        return self.members[index % len(self.members)].trial if self.members else None
 
     def source_of(self, name: str) -> str:
         return f"{self.source} ({name})" if self.grid else self.source
@@ -453,6 +514,7 @@ def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
     """Resolve the command line into a plan; raises the input errors (nothing is created but, for --study, the experiment)."""
     if args.study:
         config, parent_id, record = study_config(args.study, args.experiment, args.epochs, uri)
+        tied = tied_members(args.study, parent_id, record, args.epochs, uri) if args.members == "tied" and args.seeds > 1 else ()
         return FinalPlan(
             args.study,
             ((args.study, config),),
@@ -464,6 +526,7 @@ def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
             register=args.register or f"{args.study}-embedding",
             data_root=record.data_root,
             trial_resources=(record.cpus_per_trial, record.gpus_per_trial),
+            members=tied if len(tied) > 1 else (),  # a clear pick (one candidate left) trains alone
         )
     if args.space:
         configurations, name = space_configs(args.space, args.epochs)
@@ -581,8 +644,8 @@ class SeedRuns:
         return run_id
 
     def start(self, job: SeedJob) -> None:
-        config = job.config
-        tags = {"kind": "final_seed", "seed": str(config.seed)}
+        config, trial = job.config, self.plan.seed_trial(job.index)
+        tags = {"kind": "final_seed", "seed": str(config.seed)} | ({"optuna_trial": str(trial)} if trial is not None else {})
         self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), tags, config.to_dict())
         self.jobs[job.index] = job
 
@@ -632,13 +695,17 @@ class SeedRuns:
             prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
         )  # fmt: skip
         seed_values = [self.jobs[i].config.seed for i in sorted(self.members)]
-        tags = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}
-        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), "ensemble_seeds": len(members)})
+        tags, params = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}, {"ensemble_seeds": len(members)}
+        tied = [(self.plan.seed_trial(i), self.jobs[i].config) for i in sorted(self.members)] if self.plan.members else None
+        if tied:
+            tags["trials"] = params["ensemble_trials"] = " ".join(str(trial) for trial, _ in tied)
+        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), **params})
         with killed_on_signal(run_id):
             bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
             info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
-            registered = link_metrics(info, test, config, register, self.origin(), seed_values)
-        return EnsembleResult(run_id, test, info.model_uri, registered)
+            registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied)
+        width = sum(self.jobs[i].config.embedding_dim for i in sorted(self.members))
+        return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
 
 
 @contextlib.contextmanager
@@ -664,8 +731,7 @@ def train_configuration(
     placement = target.placement
     device = ("cuda" if placement.gpus > 0 else "cpu") if placement.address else str(target.device)
     jobs = [
-        SeedJob(i, config.replace(seed=config.seed + i), device, target.num_workers, placement.threads, target.data_root)
-        for i in range(plan.seeds)
+        SeedJob(i, plan.seed_config(config, i), device, target.num_workers, placement.threads, target.data_root) for i in range(plan.seeds)
     ]
     runs = SeedRuns(plan, name, target, register, input_example(splits.test), started)
     seeds.train_seeds(jobs, placement, splits, runs, train_seed)
@@ -732,6 +798,9 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     shown = "" if placement.address else f", device {device}"
     print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}{shown}")
     print(f"the seeds train {placement.describe()}", flush=True)
+    if plan.members:
+        tie = ", ".join(f"Optuna #{plan.seed_trial(i)} (seed {seed})" for i, seed in enumerate(plan.seed_values()))
+        print(f"the study's race could not tell its candidates apart: the seeds train {tie}, as one model (--members pick: the pick alone)")
     close_abandoned(client, experiment_id)
     # on a cluster, checks that a node holds one seed's task before any run exists
     with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
@@ -787,7 +856,8 @@ def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
     """The study's parent run description (``records.with_final``): the retrained pick's test metrics and its model."""
     note = client.get_run(study_parent_id).data.tags.get(records.NOTE_TAG, "")
-    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome))
+    trials = outcome.ensemble.trials if outcome.ensemble is not None else ()
+    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome), trials)
     client.set_tag(study_parent_id, records.NOTE_TAG, text)
 
 
@@ -882,15 +952,16 @@ def print_summary(result: FinalResult) -> None:
 
 
 def print_ensemble(outcome: ConfigurationResult) -> None:
-    """The seeds as one model: its test metrics beside the seeds' mean, and its model."""
+    """The seeds (or a study's tied candidates) as one model: its test metrics beside the members' mean, and its model."""
     ensemble, n = outcome.ensemble, len(outcome.seeds)
-    wide = f"{n} x {outcome.config.embedding_dim} wide"
-    print(f"\nthe {n} seeds as one model (their embeddings side by side, {wide}; {n} x the cost to embed):")
+    what = f"the {n} seeds" if not ensemble.trials else f"the study's tied candidates ({', '.join(f'#{t}' for t in ensemble.trials)})"
+    wide = f"{ensemble.width} wide" if ensemble.trials else f"{n} x {outcome.config.embedding_dim} wide"
+    print(f"\n{what} as one model (their embeddings side by side, {wide}; {n} x the cost to embed):")
     for key, value in ensemble.test.items():
-        print(f"  {key:<24} {value:.4f}  (seeds' mean {outcome.summary[key + '_mean']:.4f})")
+        print(f"  {key:<24} {value:.4f}  ({'members' if ensemble.trials else 'seeds'}' mean {outcome.summary[key + '_mean']:.4f})")
     print(f"  model: {ensemble.model_uri}  (run {ensemble.run_id})")
     if ensemble.registered_uri:
-        print(f"  registered as: {ensemble.registered_uri}: the {n} seeds as one model")
+        print(f"  registered as: {ensemble.registered_uri}: {what} as one model")
 
 
 def main(argv: list[str] | None = None) -> int:

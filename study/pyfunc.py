@@ -66,9 +66,10 @@ class ImageInputError(MlflowException, ValueError):
 class EmbeddingModel(mlflow.pyfunc.PythonModel):
     """Images -> embeddings, with the preprocessing of the run that trained it.
 
-    A seed ensemble (``study.final --seeds N``) is one such model over N bundles (artifacts ``bundle``, ``bundle1``,
-    ...): each member embeds the images, its embeddings are l2-normalized, and the N are set side by side and scaled
-    by 1/sqrt(N), so the result is unit length and its cosine similarity is the mean of the members' (N x d wide).
+    An ensemble (``study.final --seeds N``: N seeds of one configuration, or of a study's tied candidates) is one such
+    model over N bundles (artifacts ``bundle``, ``bundle1``, ...): each member embeds the images, its embeddings are
+    l2-normalized, and the N are set side by side and scaled by 1/sqrt(N), so the result is unit length and its cosine
+    similarity is the mean of the members' (as wide as the members' widths together).
     """
 
     batch_size = 256
@@ -77,10 +78,11 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
         loaded = [self.load_member(context.artifacts[key]) for key in member_keys(context.artifacts)]
         self.members = [(model, image_size) for model, image_size, _ in loaded]
         self.model, self.image_size, self.config = loaded[0]  # the first member's: the single model's, as before ensembles
+        self.width = sum(config.embedding_dim for *_, config in loaded)  # members of a study's tie may differ in size
 
     def load_member(self, path: str) -> tuple[torch.nn.Module, int, TrainConfig]:
         """The model of the bundle at ``path`` in eval mode, the image size it embeds at and its config; ``kind`` is the
-        members' (seeds of one configuration)."""
+        members' (seeds of one configuration, or of a study's tied candidates: one dataset)."""
         bundle = load_bundle(path)
         trained = TrainConfig.from_dict(bundle["config"], source=path)
         config = trained.replace(pretrained="none")  # its weights replace any pretrained ones
@@ -110,7 +112,7 @@ class EmbeddingModel(mlflow.pyfunc.PythonModel):
                 parts = [Embeddings(m(preprocess_batch(chunk, self.kind, size))) for m, size in self.members]
                 out.append(concatenated(parts).queries)
         if not out:
-            return np.zeros((0, self.config.embedding_dim * len(self.members)), np.float32)
+            return np.zeros((0, self.width), np.float32)
         return torch.cat(out).numpy().astype(np.float32)
 
 
@@ -200,16 +202,28 @@ def log_embedding_model(
         quiet.setLevel(level)
 
 
-def version_description(config: TrainConfig, test: dict[str, float], origin: str, run_id: str, seeds: list[int] | None = None) -> str:
-    """Markdown for a registered model version: where it came from (one seed, or the ensemble of ``seeds``), its test
-    metrics, its config."""
+def version_description(
+    config: TrainConfig,
+    test: dict[str, float],
+    origin: str,
+    run_id: str,
+    seeds: list[int] | None = None,
+    tied: list[tuple[int, TrainConfig]] | None = None,
+) -> str:
+    """Markdown for a registered model version: where it came from (one seed, the ensemble of ``seeds``, or of a study's
+    ``tied`` candidates: (Optuna trial, its config with its seed) each), its test metrics, its config(s)."""
     import yaml
 
     metrics = "\n".join(f"| {key.removeprefix('test_')} | {value:.4f} |" for key, value in sorted(test.items()))
     which = f"seed {config.seed}" if not seeds else f"seeds {', '.join(map(str, seeds))} as one model (their embeddings side by side)"
+    configs = [("Config", config)]
+    if tied:
+        named = ", ".join(f"Optuna #{trial} (seed {member.seed})" for trial, member in tied)
+        which = f"the study's tied candidates {named} as one model (their embeddings side by side)"
+        configs = [(f"Config of Optuna #{trial}, seed {member.seed}", member) for trial, member in tied]
+    shown = "\n".join(f"{title}:\n\n```yaml\n{yaml.safe_dump(c.to_dict(), sort_keys=False)}```\n" for title, c in configs)
     return (
         f"Embedding model from {origin}; trained by study.final (run {run_id}), {which}, "
         f"{config.loss} loss on {config.dataset}.\n\n"
-        f"Test metrics on the unseen test classes:\n\n| metric | value |\n| --- | --- |\n{metrics}\n\n"
-        f"Config:\n\n```yaml\n{yaml.safe_dump(config.to_dict(), sort_keys=False)}```\n"
+        f"Test metrics on the unseen test classes:\n\n| metric | value |\n| --- | --- |\n{metrics}\n\n{shown}"
     )

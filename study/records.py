@@ -201,16 +201,17 @@ FINAL_MARK = "**Retrained by study.final**"  # opens the description's last para
 TEST_KEYS = ("test_recall_at_1", "test_map_at_r", "test_nmi")  # what the paragraph states, each where measured
 
 
-def with_final(note: str, summary: dict[str, float], seeds: int, epochs: int, model_uri: str) -> str:
+def with_final(note: str, summary: dict[str, float], seeds: int, epochs: int, model_uri: str, trials: tuple[int, ...] = ()) -> str:
     """The study's description (``mlflow.note.content``) with a last paragraph on its retrained pick: the test metrics'
-    mean +- standard deviation over ``seeds`` seeds of ``epochs`` epochs and the model's URI; a later retraining
-    replaces the paragraph of an earlier one."""
+    mean +- standard deviation over ``seeds`` seeds of ``epochs`` epochs (seed k of the ``trials`` of the race's tie,
+    when given) and the model's URI; a later retraining replaces the paragraph of an earlier one."""
     shown = [key for key in TEST_KEYS if key + "_mean" in summary]
     measured = [f"{key.removeprefix('test_')} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}" for key in shown]
     joint = [f"{key.removeprefix('test_')} {summary['ensemble_' + key]:.4f}" for key in TEST_KEYS if "ensemble_" + key in summary]
     paragraph = (
         f"{FINAL_MARK}: {seeds} seed(s) of {epochs} epochs on every training class, scored on the test classes: "
         + ", ".join(measured)
+        + (f", seed k training the k-th of the race's tied candidates ({', '.join(f'#{t}' for t in trials)})" if trials else "")
         + (f"; the seeds as one model (their embeddings side by side): {', '.join(joint)}" if joint else "")
         + f". Model: `{model_uri}`."
     )
@@ -261,7 +262,7 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
 
     Tags and metrics that already hold these values are not written again.
     """
-    from study.artifacts import study_artifacts
+    from study.artifacts import study_artifacts, tied_configs
 
     client, parent_id = recorder.client, recorder.parent_run_id
     parent = client.get_run(parent_id)
@@ -293,6 +294,7 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
         if selection is not None:
             paths.append(Path(tmp) / "selection.json")
             paths[-1].write_text(json.dumps(selection_record(selection), indent=1))
+            paths.append(tied_configs(study, selection, Path(tmp) / "tied_configs.yaml"))
         for path in paths:
             client.log_artifact(parent_id, str(path))
     write_parent_summary(client, parent, summary, metric, picked)

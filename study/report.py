@@ -691,8 +691,11 @@ def ensemble_line(client, parent) -> list[Block]:
     latest = max(done, key=lambda r: r.info.start_time)
     m = latest.data.metrics
     shown = ", ".join(f"{label} {100 * m[key]:.1f}" for label, key in TABLE_METRICS if key in m)
-    seeds = latest.data.tags.get("seeds", "").replace(" ", ", ")
-    words = f"The final model, seeds {seeds} as one model (their embeddings side by side), run "
+    seeds, trials = latest.data.tags.get("seeds", "").split(), latest.data.tags.get("trials", "").split()
+    members = f"seeds {', '.join(seeds)}"
+    if trials:  # study.final --members tied: seed k trained the k-th candidate of the race's tie
+        members = "the race's tied candidates " + ", ".join(f"#{t} (seed {s})" for t, s in zip(trials, seeds, strict=True))
+    words = f"The final model, {members} as one model (their embeddings side by side), run "
     return [Paragraph((words, Code(latest.info.run_name), f": {shown} (%)."))]
 
 

@@ -228,6 +228,14 @@ class Selection:
     def folds_done(self) -> int:
         return len(self.winner.scores)
 
+    @property
+    def tied(self) -> tuple[int, ...]:
+        """The candidates the race could not tell from the winner, the winner first, by mean: every survivor of a race
+        (the winner alone when it is clear); the winner alone in a record from before the race."""
+        if not self.stopped:
+            return (self.winner.key,)
+        return tuple(c.key for c in self.ranking if c.dropped_after is None)
+
     def verdict(self) -> str:
         """How sure the pick is, in words a reader can act on; never more than the race's test says."""
         if len(self.ranking) < 2:

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from study import plots
-from study.artifacts import optuna_plot, study_artifacts
+from study.artifacts import optuna_plot, study_artifacts, tied_configs
+from study.selection import Candidate, Selection
 from tests.conftest import ROOT
 from trainables.core.config import TrainConfig, applicable_keys
 
@@ -54,6 +55,17 @@ def test_study_artifacts_files_and_trials_table(tmp_path):
     assert [r["mlflow_run_id"] for r in rows] == ["run0", "", "run2", ""]
     assert float(rows[2]["val_recall_at_1"]) == pytest.approx(0.9)
     assert "user_attrs_config" not in rows[0]
+
+
+def test_tied_configs_hold_the_candidates_the_race_kept_in_its_order(tmp_path):
+    """tied_configs.yaml, what study.final --members tied trains: each kept candidate's trial and config (the keys that
+    apply to its loss, as best_config.yaml), the winner first; a dropped candidate is left out."""
+    study = tiny_study([[0.1, 0.2, 0.3], [0.2, 0.4, 0.5], [0.05, 0.1, 0.9]])
+    ranking = (Candidate(2, (0.9, 0.8), (0, 1)), Candidate(0, (0.3, 0.85), (0, 1)), Candidate(1, (0.5, 0.1), (0, 1), dropped_after=2))
+    path = tied_configs(study, Selection(ranking, lead=0.1, lead_in_se=1.0, stopped="folds"), tmp_path / "tied_configs.yaml")
+    entries = yaml.safe_load(path.read_text())
+    assert [(e["trial"], e["config"]["seed"]) for e in entries] == [(2, 2), (0, 0)]  # tiny_study's trial i has seed i
+    assert list(entries[0]["config"]) == list(applicable_keys(TrainConfig.from_dict({**CONFIG, "seed": 2})))
 
 
 def test_study_artifacts_without_a_complete_trial(tmp_path):

@@ -163,10 +163,11 @@ def assert_final_records(uri: str, seed_values: list[int], registered: str, tmp_
     assert_model_embeds_raw_images(uri, results["ensemble"]["registered_uri"], tmp_path, dim=16 * len(seed_values))
 
 
-def assert_ensemble_is_the_seeds_side_by_side(uri: str, parent, seed_runs: list, models: dict) -> str:
+def assert_ensemble_is_the_seeds_side_by_side(uri: str, parent, seed_runs: list, models: dict, dims: list[int] | None = None) -> str:
     """The seeds as one model: a FINISHED child run with the model ``embedding-ensemble``, whose test R@1 is that of the
     mean cosine similarity of the seed models, counted here by a direct loop over the test images; the model embeds an
-    image as the seed models' embeddings side by side, scaled by 1/sqrt(seeds)."""
+    image as the seed models' embeddings side by side, scaled by 1/sqrt(seeds): ``dims`` wide each (16 by default).
+    A study's parent has the ensemble's metrics with the prefix ``final_``."""
     from trainables.core.data import load_dataset
     from trainables.core.engine import embed
 
@@ -192,10 +193,12 @@ def assert_ensemble_is_the_seeds_side_by_side(uri: str, parent, seed_runs: list,
         others = [j for j in range(len(labels)) if j != i]
         correct += labels[others[int(np.argmax(similarity[i, others]))]] == labels[i]
     assert run.data.metrics["test_recall_at_1"] == pytest.approx(correct / len(labels))
-    assert parent.data.metrics["ensemble_test_recall_at_1"] == pytest.approx(correct / len(labels))
+    prefix = "final_" if parent.data.tags.get("kind") == "study" else ""
+    assert parent.data.metrics[f"{prefix}ensemble_test_recall_at_1"] == pytest.approx(correct / len(labels))
     images = omniglot_pngs(3)
     side_by_side = np.concatenate([single.predict(None, images) for single in singles], axis=1) / np.sqrt(len(singles))
-    assert joint.predict(None, images).shape == (3, 16 * len(singles))
+    assert joint.predict(None, images).shape == (3, sum(dims or [16] * len(singles)))
+    assert joint.predict(None, images[:0]).shape == (0, sum(dims or [16] * len(singles)))
     np.testing.assert_allclose(joint.predict(None, images), side_by_side, atol=1e-6)
     return run.info.run_id
 
@@ -452,6 +455,53 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
     assert epochs("--study", "older") == 3
 
 
+def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_path, runs, capsys):
+    """A study whose race could not tell #4 from #7 (its tied_configs.yaml, as the study writes it): study.final --study
+    trains seed k with the k-th tied candidate, cycling (#4, #7, #4 with seeds 0, 1, 2), each seed run tagged with its
+    trial and holding its own config; the three as one model is registered, named by trial and seed, and embeds as the
+    three side by side (16 + 8 + 16 wide). --members pick trains the pick alone; --members needs --study."""
+    from study import parent, tracking
+    from tests.conftest import recorded_params
+
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    best = write_config(tmp_path / "best_config.yaml")
+    tied = [{"trial": 4, "config": {**TINY}}, {"trial": 7, "config": {**TINY, "loss": "ice", "ice_scale": 32.0, "embedding_dim": 8}}]
+    (tmp_path / "tied_configs.yaml").write_text(yaml.safe_dump(tied))
+    parent_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded_params(final_epochs=2))
+    client.log_artifact(parent_id, str(tmp_path / "tied_configs.yaml"))
+    client.set_terminated(parent_id)
+    assert final.main(["--study", "s1"]) == 0
+    out = capsys.readouterr().out
+    assert "the seeds train Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2), as one model" in out
+    assert "the study's tied candidates (#4, #7, #4) as one model (their embeddings side by side, 40 wide" in out
+    _, found = all_runs(uri)
+    seed_runs = sorted((r for r in found if r.data.tags.get("kind") == "final_seed"), key=lambda r: int(r.data.params["seed"]))
+    trained = [
+        (r.data.tags["optuna_trial"], r.data.params["loss"], r.data.params["embedding_dim"], r.data.params["epochs"]) for r in seed_runs
+    ]
+    assert trained == [("4", "softmax", "16", "2"), ("7", "ice", "8", "2"), ("4", "softmax", "16", "2")]
+    study_parent = client.get_run(parent_id)
+    models = {m.source_run_id: m for m in client.search_logged_models([study_parent.info.experiment_id])}
+    ensemble_run = assert_ensemble_is_the_seeds_side_by_side(uri, study_parent, seed_runs, models, dims=[16, 8, 16])
+    assert client.get_run(ensemble_run).data.tags["trials"] == "4 7 4"
+    version = client.get_model_version("s1-embedding", "1")
+    assert version.run_id == ensemble_run
+    assert "tied candidates Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description
+    assert "Config of Optuna #7, seed 1:" in version.description and "ice_scale: 32.0" in version.description
+    note = client.get_run(parent_id).data.tags["mlflow.note.content"]  # the study's description, as the MLflow UI shows it
+    assert "seed k training the k-th of the race's tied candidates (#4, #7, #4)" in note
+
+    def members(*argv):
+        return [(m.trial, m.config.loss) for m in final.make_plan(final.parse_args(["--study", "s1", *argv]), uri).members]
+
+    assert members() == [(4, "softmax"), (7, "ice")]
+    assert members("--members", "pick") == members("--seeds", "1") == []
+    with pytest.raises(SystemExit):
+        final.parse_args(["--config", str(best), "--members", "pick"])
+    assert "--members pick: chooses what a study's final seeds train; give --study" in capsys.readouterr().err
+
+
 def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     from study import launch
 
@@ -594,6 +644,8 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
         "test": {"test_recall_at_1": 0.75},
         "model_uri": "models:/m-9",
         "registered_uri": None,
+        "trials": (),  # seeds of one configuration; a study's tie names its candidates here
+        "width": 0,
     }
     final.print_summary(
         final.FinalResult("s1", "sqlite:///x.db", "parent1", (dataclasses.replace(joint, seeds=(seed_result(0, 0.6), seeds[1])),))

@@ -295,6 +295,13 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     assert parent.data.tags["best_trial"] == winner.user_attrs["tune_trial_id"]
     assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
     assert parent.data.tags["best_pick"] == selection["verdict"]
+    # what study.final --study trains as one model: the candidates the race kept, the winner first, with their configs
+    tied_file = mlflow.artifacts.download_artifacts(
+        run_id=parent.info.run_id, artifact_path="tied_configs.yaml", tracking_uri=client.tracking_uri
+    )
+    tied = yaml.safe_load(open(tied_file))
+    assert [e["trial"] for e in tied] == [e["trial"] for e in selection["ranking"] if e["dropped_after_folds"] is None]
+    assert [e["config"]["lr"] for e in tied] == [study.trials[e["trial"]].user_attrs["config"]["lr"] for e in tied]
     text = "\n".join(report.study_report(client, parent, tmp_path, top=5))  # the report names the pick and says why
     picked = recorder.run_name("trial", winner.user_attrs["tune_trial_id"], winner.number)
     assert f"picked: {picked}, the best mean; {selection['verdict']}" in text and "The picked trial's config" in text

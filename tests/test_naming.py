@@ -262,6 +262,13 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     assert "the three as one model, their embeddings side by side, is registered as s-embedding" in out
     assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
     assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out
+    # an undecided race: study.final --study trains its tie, seed k the k-th candidate (study.final --members tied)
+    from study.selection import Candidate, Selection
+
+    tie = Selection((Candidate(0, (0.8, 0.9), (0, 1)), Candidate(5, (0.79, 0.9), (0, 1))), 0.005, 1.0, stopped="budget")
+    console.print_study_summary(StudySummary(metrics, trial, trial.user_attrs["config"], selection=tie, **named), "val_recall_at_1")
+    out = capsys.readouterr().out
+    assert "(32 epochs, #0 with seed 3, #5 with seed 4, #0 with seed 5, the race's tie; the three as one model, their embeddings" in out
 
 
 def test_a_full_disk_under_the_log_file_is_said_once_not_as_a_traceback_per_record(tmp_path, capsys):

@@ -523,3 +523,8 @@ def test_the_finals_section_names_the_latest_finished_ensemble_of_the_study(tmp_
         "The final model, seeds 0, 1, 2 as one model (their embeddings side by side), run `final-hand-new`: R@1 86.8, MAP@R 50.0 (%)."
         in text
     )
+    # a final of the race's tie (study.final --members tied) names each candidate with its seed
+    tags = {"mlflow.parentRunId": parent.info.run_id, "kind": "final_ensemble", "seeds": "0 1 2", "trials": "4 7 4"}
+    client.set_terminated(client.create_run(parent.info.experiment_id, run_name="final-hand-tie", tags=tags).info.run_id)
+    text = report.markdown(report.ensemble_line(client, parent))
+    assert r"The final model, the race's tied candidates \#4 (seed 0), \#7 (seed 1), \#4 (seed 2) as one model" in text  # '#' escaped

@@ -158,6 +158,20 @@ def test_an_undecided_race_never_claims_more_than_its_test():
     assert f"Holm p = {sf_df2(0.001667 / (0.010408 / math.sqrt(3))):.2f}" in tied.verdict()
 
 
+def test_the_tie_is_every_candidate_the_race_kept_the_winner_first():
+    """What study.final --members tied trains: a clear race's winner alone; an undecided race's survivors by mean (the
+    candidates its test dropped left out); a record from before the race, its winner alone."""
+    assert race_selection(TABLE, OPEN).tied == (1,)  # B and C dropped at the first test
+    one_round = {k: {f: v for f, v in scores.items() if f < 2} for k, scores in TABLE.items()}
+    assert race_selection(one_round, RaceRules("max", folds=4, budget_epochs=30, epochs_per_run=10)).tied == (1, 2, 3)
+    # C lags by 0.1 on every fold (p 0, dropped); B is level with A on fold 2 (p 0.40, kept): the tie is A and B
+    split = {1: {0: 0.90, 1: 0.91, 2: 0.92}, 2: {0: 0.89, 1: 0.905, 2: 0.93}, 3: {0: 0.80, 1: 0.81, 2: 0.82}}
+    selection = race_selection(split, RaceRules("max", folds=3, budget_epochs=math.inf, epochs_per_run=10))
+    assert selection.tied == (1, 2) and selection.ranking[-1].dropped_after == 3
+    old = {"ranking": [{"trial": 0, "scores": [0.96, 0.95]}, {"trial": 1, "scores": [0.95, 0.955]}]}
+    assert selection_from_record(old, "max").tied == (0,)
+
+
 def test_a_selection_record_round_trips_and_an_old_seed_record_still_reads():
     selection = race_selection(TABLE, OPEN)
     assert selection_from_record(selection_record(selection), "max") == selection
