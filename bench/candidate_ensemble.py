@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from seed_ensemble import compare, ensemble, scores  # noqa: E402  (bench/ is not a package)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.seed_ensemble import compare, ensemble, scores  # noqa: E402
 
 
 def survivors(result: dict) -> list[int]:
