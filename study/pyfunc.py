@@ -222,8 +222,9 @@ def version_description(
         which = f"the study's tied candidates {named} as one model (their embeddings side by side)"
         configs = [(f"Config of Optuna #{trial}, seed {member.seed}", member) for trial, member in tied]
     shown = "\n".join(f"{title}:\n\n```yaml\n{yaml.safe_dump(c.to_dict(), sort_keys=False)}```\n" for title, c in configs)
+    losses = " and ".join(dict.fromkeys(c.loss for _, c in configs))  # a tie may hold both families
     return (
         f"Embedding model from {origin}; trained by study.final (run {run_id}), {which}, "
-        f"{config.loss} loss on {config.dataset}.\n\n"
+        f"{losses} loss on {config.dataset}.\n\n"
         f"Test metrics on the unseen test classes:\n\n| metric | value |\n| --- | --- |\n{metrics}\n\n{shown}"
     )

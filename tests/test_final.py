@@ -489,6 +489,7 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     assert version.run_id == ensemble_run
     assert "tied candidates Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description
     assert "Config of Optuna #7, seed 1:" in version.description and "ice_scale: 32.0" in version.description
+    assert "softmax and ice loss on synthetic" in version.description
     note = client.get_run(parent_id).data.tags["mlflow.note.content"]  # the study's description, as the MLflow UI shows it
     assert "seed k training the k-th of the race's tied candidates (#4, #7, #4)" in note
 
