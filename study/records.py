@@ -208,10 +208,10 @@ def with_final(note: str, summary: dict[str, float], seeds: int, epochs: int, mo
     shown = [key for key in TEST_KEYS if key + "_mean" in summary]
     measured = [f"{key.removeprefix('test_')} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}" for key in shown]
     joint = [f"{key.removeprefix('test_')} {summary['ensemble_' + key]:.4f}" for key in TEST_KEYS if "ensemble_" + key in summary]
+    tie = f" (seed k training the k-th of the race's tied candidates: {', '.join(f'#{t}' for t in trials)})" if trials else ""
     paragraph = (
-        f"{FINAL_MARK}: {seeds} seed(s) of {epochs} epochs on every training class, scored on the test classes: "
+        f"{FINAL_MARK}: {seeds} seed(s) of {epochs} epochs{tie} on every training class, scored on the test classes: "
         + ", ".join(measured)
-        + (f", seed k training the k-th of the race's tied candidates ({', '.join(f'#{t}' for t in trials)})" if trials else "")
         + (f"; the seeds as one model (their embeddings side by side): {', '.join(joint)}" if joint else "")
         + f". Model: `{model_uri}`."
     )

@@ -491,7 +491,7 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     assert "Config of Optuna #7, seed 1:" in version.description and "ice_scale: 32.0" in version.description
     assert "softmax and ice loss on synthetic" in version.description
     note = client.get_run(parent_id).data.tags["mlflow.note.content"]  # the study's description, as the MLflow UI shows it
-    assert "seed k training the k-th of the race's tied candidates (#4, #7, #4)" in note
+    assert "3 seed(s) of 2 epochs (seed k training the k-th of the race's tied candidates: #4, #7, #4) on every training class" in note
 
     def members(*argv):
         return [(m.trial, m.config.loss) for m in final.make_plan(final.parse_args(["--study", "s1", *argv]), uri).members]
