@@ -274,7 +274,8 @@ def parent_run(folder: Path, name: str):
 
 
 def test_metric_keys() -> dict[str, str]:
-    """The parent-run metric of each of ``TESTS`` that study.final --study logs (mean over its seeds)."""
+    """The parent-run metric of each of ``TESTS`` that study.final --study logs (mean over its seeds: the pick's, or after an
+    undecided race the tied candidates', one seed each)."""
     from trainables.core.engine import ONE_SHOT_WAYS
 
     names = {"recall_at_1": "test_recall_at_1", "map_at_r": "test_map_at_r", "one_shot_error": f"test_one_shot_error_{ONE_SHOT_WAYS}way"}
@@ -452,7 +453,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         joint = summary.get("ensemble_test", {}).get(key, {"n": 0})
         if joint["n"]:
             lines.append(
-                f"  - the final's seeds as one model: mean {cell(joint['mean'], 4)}, spread {cell(joint['spread'], 4)} "
+                f"  - the final model (its seeds, or after an undecided race the race's tie, as one model): "
+                f"mean {cell(joint['mean'], 4)}, spread {cell(joint['spread'], 4)} "
                 f"(min {cell(joint['min'], 4)}, max {cell(joint['max'], 4)})"
             )
     wall, fam = summary["wall_time_s"], summary["families"]

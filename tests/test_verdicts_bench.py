@@ -144,7 +144,8 @@ def test_summarize_uses_the_first_run_of_each_seed_and_judges_the_repeats():
     results[0]["ensemble_test"], results[1]["ensemble_test"] = {"recall_at_1": 0.85}, {"recall_at_1": 0.88}
     joint = verdicts.summarize(results, repeat_seed=0)
     assert joint["ensemble_test"]["recall_at_1"]["mean"] == pytest.approx(0.865) and joint["ensemble_test"]["map_at_r"]["n"] == 0
-    assert "  - the final's seeds as one model: mean 0.8650, spread 0.0300 (min 0.8500, max 0.8800)" in verdicts.summary_lines(joint)
+    final_model = "  - the final model (its seeds, or after an undecided race the race's tie, as one model): "
+    assert final_model + "mean 0.8650, spread 0.0300 (min 0.8500, max 0.8800)" in verdicts.summary_lines(joint)
     assert summary["families"]["most"] == ["ICE", "heated softmax"]
     assert summary["repeats"] == {
         "seed": 0, "studies": ["s0r1", "s0r2"], "runs": 2, "judgement": verdicts.TIE, "distinct": 2,
