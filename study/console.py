@@ -99,6 +99,15 @@ class QuietFileHandler(logging.FileHandler):
             print(f"warning: {self.baseFilename}: cannot be written ({error}); library logs are dropped from now on", file=sys.stderr)
 
 
+def keep_in_log_file(name: str = "ray") -> None:
+    """Inside :func:`library_output_to`, the console handlers a library installed on logger ``name`` after the block began
+    (Ray's first import, in study.final only when its seeds train side by side) removed: its records go to the file
+    alone. Outside such a block nothing changes."""
+    logger = logging.getLogger(name)
+    if any(isinstance(h, QuietFileHandler) for h in logger.handlers):
+        logger.handlers[:] = [h for h in logger.handlers if not _is_console(h)]
+
+
 def _is_console(handler: logging.Handler) -> bool:
     return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 

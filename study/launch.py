@@ -570,6 +570,7 @@ def ray_session(address: str | None, local_resources: tuple[float | None, float 
     local_ray_env(address)
     import ray
 
+    console.keep_in_log_file("ray")  # a first import of Ray inside the command's log block put its console handler back
     cpus, gpus = local_resources
     try:
         ray.init(

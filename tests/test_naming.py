@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -241,6 +242,22 @@ def test_library_warnings_and_logs_go_to_the_log_file_while_the_command_runs(tmp
     # afterwards the process is as it was
     assert {name: list(logging.getLogger(name).handlers) for name in console.LIBRARY_LOGGERS} == before
     assert "RAY_AIR_NEW_OUTPUT" not in os.environ
+
+
+def test_a_local_ray_started_inside_the_log_block_prints_nothing_on_the_terminal(tmp_path):
+    """study.final imports Ray only when its seeds train side by side, after its log block began: Ray's import then puts
+    its console handler on the "ray" logger, and ray.init's own warnings (token authentication) reached the terminal.
+    In a fresh process, as study.final runs: the "ray" logger keeps only the log file inside the block."""
+    code = (
+        "import logging, sys; from pathlib import Path; from study import console; from study.launch import ray_session\n"
+        "with console.library_output_to(Path(sys.argv[1])):\n"
+        "    with ray_session(None, (1.0, None)):\n"
+        "        print([type(h).__name__ for h in logging.getLogger('ray').handlers])\n"
+    )
+    env = {**os.environ, "DML_RUNS_DIR": str(tmp_path / "runs")}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.log")], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "['QuietFileHandler']"
 
 
 def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
