@@ -208,6 +208,7 @@ class SeedResult:
     time_s: float  # training and testing, seconds
     model_uri: str
     registered_uri: str | None  # models:/NAME/VERSION of the first seed's model when registered (one seed), else None
+    trial: int | None = None  # the Optuna trial of the race's tie it trained (--members tied), else None
 
 
 @dataclass(frozen=True)
@@ -681,7 +682,8 @@ class SeedRuns:
             register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
             model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
         seed = self.jobs[output.index].config.seed
-        self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri)
+        trial = self.plan.seed_trial(output.index)
+        self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri, trial)
         if self.plan.seeds > 1 and output.embeddings is not None:
             self.members[output.index] = (output.bundle, output.embeddings)
 

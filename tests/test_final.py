@@ -490,6 +490,9 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     assert "tied candidates Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description
     assert "Config of Optuna #7, seed 1:" in version.description and "ice_scale: 32.0" in version.description
     assert "softmax and ice loss on synthetic" in version.description
+    results = json.loads(download(uri, parent_id, "final_results.json", tmp_path / "dl").read_text())
+    assert [(r["seed"], r["trial"]) for r in results["per_seed"]] == [(0, 4), (1, 7), (2, 4)]
+    assert results["ensemble"]["trials"] == [4, 7, 4] and results["ensemble"]["width"] == 40
     note = client.get_run(parent_id).data.tags["mlflow.note.content"]  # the study's description, as the MLflow UI shows it
     assert "3 seed(s) of 2 epochs (seed k training the k-th of the race's tied candidates: #4, #7, #4) on every training class" in note
 
@@ -628,7 +631,7 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     with pytest.raises(AttributeError):
         result.name = "other"  # frozen
     expected = {"seed": 0, "run_id": "run0", "test": seeds[0].test, "time_s": 60.0, "model_uri": "models:/m-0"}
-    assert only.record()["per_seed"][0] == {**expected, "registered_uri": "models:/s1-embedding/1"}
+    assert only.record()["per_seed"][0] == {**expected, "registered_uri": "models:/s1-embedding/1", "trial": None}  # no race's tie
     assert only.record()["summary"]["test_recall_at_1_mean"] == pytest.approx(0.7)
     final.print_summary(result)
     out = capsys.readouterr().out
