@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -40,7 +39,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.seed_ensemble import compare, ensemble, scores  # noqa: E402
+from bench.seed_ensemble import compare, ensemble, scores, train_job  # noqa: E402
+from study.selection import tie_member  # noqa: E402
 
 
 def survivors(result: dict) -> list[int]:
@@ -59,26 +59,7 @@ def members(result: dict, count: int, candidates: bool) -> list[tuple[int, dict]
     """(trial, config with seed k) of member k = 0 .. count - 1: the k-th survivor, cycling (``candidates``), else the
     pick (as study.final trains it today)."""
     alive = survivors(result) if candidates else [result["picked_trial"]]
-    return [(alive[k % len(alive)], {**trial_config(result, alive[k % len(alive)]), "seed": k}) for k in range(count)]
-
-
-def train_job(config: dict, mode: str, epochs: int, path: Path) -> dict:
-    """Train ``config`` to ``epochs`` (``mode`` study: fit classes, scored on validation; final: all training classes,
-    scored on test); its evaluation embeddings and labels go to ``path``."""
-    import torch
-
-    from trainables.core.config import TrainConfig
-    from trainables.core.engine import fit
-
-    torch.set_num_threads(1)
-    train_config = TrainConfig.from_dict({**config, "epochs": epochs}, source="bench")
-    started = time.perf_counter()
-    run = fit(train_config, mode=mode, data_root=os.environ.get("DML_DATA_ROOT"), eval_every=epochs, num_workers=0)
-    seconds = time.perf_counter() - started
-    partial = path.with_suffix(".partial.npz")
-    np.savez(partial, embeddings=run.embeddings.queries.numpy(), labels=np.asarray(run.eval_set.labels), seconds=seconds)
-    partial.replace(path)  # whole or absent: a killed run leaves no file the report would read
-    return {"path": str(path), "seconds": seconds}
+    return [(tie_member(alive, k), {**trial_config(result, tie_member(alive, k)), "seed": k}) for k in range(count)]
 
 
 def test_groups(config: dict):

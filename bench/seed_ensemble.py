@@ -57,15 +57,22 @@ def scores(embeddings: np.ndarray, labels: np.ndarray, groups: dict | None = Non
 
 def val_job(config: dict, seed: int, epochs: int, path: Path) -> dict:
     """Train ``config`` with ``seed`` on the fit classes to ``epochs``; its validation embeddings go to ``path``."""
+    return train_job({**config, "seed": seed}, "study", epochs, path)
+
+
+def train_job(config: dict, mode: str, epochs: int, path: Path) -> dict:
+    """Train ``config`` to ``epochs`` with one torch thread (``mode`` study: on the fit classes, scored on the validation
+    classes; final: on all training classes, scored on the test classes); its evaluation embeddings and labels go to
+    ``path``, whole or not at all."""
     import torch
 
     from trainables.core.config import TrainConfig
     from trainables.core.engine import fit
 
     torch.set_num_threads(1)
-    train_config = TrainConfig.from_dict({**config, "seed": seed, "epochs": epochs}, source="bench")
+    train_config = TrainConfig.from_dict({**config, "epochs": epochs}, source="bench")
     started = time.perf_counter()
-    run = fit(train_config, mode="study", data_root=os.environ.get("DML_DATA_ROOT"), eval_every=epochs, num_workers=0)
+    run = fit(train_config, mode=mode, data_root=os.environ.get("DML_DATA_ROOT"), eval_every=epochs, num_workers=0)
     seconds = time.perf_counter() - started
     partial = path.with_suffix(".partial.npz")
     np.savez(partial, embeddings=run.embeddings.queries.numpy(), labels=np.asarray(run.eval_set.labels), seconds=seconds)

@@ -170,12 +170,15 @@ def tied_configs(study: optuna.Study, selection: Selection, path: Path) -> Path:
     the winner first), the keys that apply to its loss as in best_config.yaml; what ``study.final --study`` trains
     as one model (``--members tied``)."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    entries = []
-    for number in selection.tied:
-        config = TrainConfig.from_dict(trials[number].user_attrs["config"], source=f"trial {number}")
-        resolved = config.to_dict()
-        entries.append({"trial": number, "config": {key: resolved[key] for key in applicable_keys(config)}})
-    return write_yaml(path, entries)
+    configs = {n: TrainConfig.from_dict(trials[n].user_attrs["config"], source=f"trial {n}") for n in selection.tied}
+    return write_yaml(path, [{"trial": number, "config": applicable_values(config)} for number, config in configs.items()])
+
+
+def applicable_values(config: TrainConfig) -> dict[str, Any]:
+    """The keys of ``config`` that change how it trains (``applicable_keys``) and their values, in TrainConfig order:
+    best_config.yaml's and each entry of tied_configs.yaml."""
+    resolved = config.to_dict()
+    return {key: resolved[key] for key in applicable_keys(config)}
 
 
 def study_artifacts(
@@ -196,9 +199,8 @@ def study_artifacts(
     paths = []
     if best is not None:
         config = TrainConfig.from_dict(best.user_attrs["config"], source="best trial")
-        resolved = config.to_dict()
-        paths.append(write_yaml(out / "best_config.yaml", {key: resolved[key] for key in applicable_keys(config)}))
-        paths.append(write_yaml(out / "resolved_config.yaml", resolved))
+        paths.append(write_yaml(out / "best_config.yaml", applicable_values(config)))
+        paths.append(write_yaml(out / "resolved_config.yaml", config.to_dict()))
     paths.append(trials_table(study, children, metric, out / "trials.csv"))
     history = lambda: optuna.visualization.matplotlib.plot_optimization_history(study, target_name=metric)  # noqa: E731
     paths.append(optuna_plot(out / "optimization_history.png", "optimization history", history))

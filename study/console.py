@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from study import tracking
 from study.recorder import spool_path
-from study.selection import standing
+from study.selection import standing, tie_member
 from study.tracking import runs_dir
 from trainables.core.config import TrainConfig, applicable_keys
 
@@ -212,7 +212,7 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
         tied = outcome.selection.tied if outcome.selection is not None else ()
         trains = f"seeds {', '.join(map(str, seeds))}; the three"
         if len(tied) > 1:  # study.final --members tied: seed k trains the k-th tied candidate
-            trains = ", ".join(f"#{tied[k % len(tied)]} with seed {seed}" for k, seed in enumerate(seeds)) + ", the race's tie; the three"
+            trains = ", ".join(f"#{tie_member(tied, k)} with seed {seed}" for k, seed in enumerate(seeds)) + ", the race's tie; the three"
         print(
             f"\nretrain it on all training classes and test it:  {python_command('study.final')} {flags}\n"
             f"  ({epochs}{trains} as one model, their embeddings side by side, is registered as {study_name}-embedding; "

@@ -51,6 +51,7 @@ from study.plots import pair_similarities, retrieval_examples, retrieval_grid, s
 from study.record import StudyRecord
 from study.recorder import spool_path
 from study.seeds import EpochReport, Placement, SeedJob, SeedOutput
+from study.selection import tie_member
 from trainables.core.checkpoint import CheckpointError
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
@@ -491,15 +492,20 @@ class FinalPlan:
         """The seeds of the first configuration; every configuration counts from its own config seed."""
         return [self.configurations[0][1].seed + i for i in range(self.seeds)]
 
+    def member(self, index: int) -> Member | None:
+        """The tied candidate seed ``index`` trains (``selection.tie_member``); None without tied members."""
+        return tie_member(self.members, index) if self.members else None
+
     def seed_config(self, config: TrainConfig, index: int) -> TrainConfig:
-        """What seed ``index`` of ``config`` trains: ``config`` with seed config.seed + index, or with tied members the
-        ``index``-th of them (cycling) with that seed."""
-        base = self.members[index % len(self.members)].config if self.members else config
-        return base.replace(seed=config.seed + index)
+        """What seed ``index`` of ``config`` trains: ``config``, or with tied members its :meth:`member`'s config, with
+        seed config.seed + index."""
+        member = self.member(index)
+        return (member.config if member else config).replace(seed=config.seed + index)
 
     def seed_trial(self, index: int) -> int | None:
         """The Optuna trial seed ``index`` trains with tied members, else None."""
-        return self.members[index % len(self.members)].trial if self.members else None
+        member = self.member(index)
+        return member.trial if member else None
 
     def source_of(self, name: str) -> str:
         return f"{self.source} ({name})" if self.grid else self.source
@@ -696,9 +702,10 @@ class SeedRuns:
             concatenated([embeddings for _, embeddings in members]), splits.test, splits.gallery,
             prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
         )  # fmt: skip
-        seed_values = [self.jobs[i].config.seed for i in sorted(self.members)]
+        configs = [self.jobs[i].config for i in sorted(self.members)]
+        seed_values = [c.seed for c in configs]
         tags, params = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}, {"ensemble_seeds": len(members)}
-        tied = [(self.plan.seed_trial(i), self.jobs[i].config) for i in sorted(self.members)] if self.plan.members else None
+        tied = [(self.plan.seed_trial(i), c) for i, c in zip(sorted(self.members), configs, strict=True)] if self.plan.members else None
         if tied:
             tags["trials"] = params["ensemble_trials"] = " ".join(str(trial) for trial, _ in tied)
         run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), **params})
@@ -706,7 +713,7 @@ class SeedRuns:
             bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
             info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
             registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied)
-        width = sum(self.jobs[i].config.embedding_dim for i in sorted(self.members))
+        width = sum(c.embedding_dim for c in configs)
         return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
 
 

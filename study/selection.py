@@ -30,13 +30,14 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from study.trial import epochs_spent
 
 ALPHA = 0.05  # the race's family-wise error rate per round
 FIRST_TEST = 3  # folds every survivor has before the race's first test (fold 0 and two re-runs)
 CLEAR, FOLDS, BUDGET = "clear", "folds", "budget"  # why a race stopped
+T = TypeVar("T")
 
 
 def top_complete(values: dict[int, float], k: int, mode: str) -> list[int]:
@@ -119,6 +120,12 @@ def race_rules(mode: str, folds: int, budget: float, search_trials: Sequence[Any
     """The race's rules once the search is over: its budget is ``budget`` (``--confirm-budget``) x the epochs every
     search trial trained (``trial.epochs_spent``)."""
     return RaceRules(mode, folds, budget * epochs_spent(search_trials), epochs_per_run)
+
+
+def tie_member(tied: Sequence[T], index: int) -> T:
+    """What seed ``index`` of a final trains of a race's tie (``study.final --members tied``): the index-th candidate,
+    cycling."""
+    return tied[index % len(tied)]
 
 
 def races(budget: float, folds: int) -> bool:
