@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.seed_ensemble import compare, ensemble, scores, train_job  # noqa: E402
-from study.selection import tie_member  # noqa: E402
+from study.search.race import tie_member  # noqa: E402
 
 
 def survivors(result: dict) -> list[int]:

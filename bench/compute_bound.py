@@ -51,7 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from study.utilization import epoch_times  # noqa: E402
+from study.records.utilization import epoch_times  # noqa: E402
 from trainables.core import engine  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402
 

@@ -108,7 +108,7 @@ def progress_found(lines: list[str], by_epoch: dict[tuple[str, int], float]) -> 
 
 def split_errors(lines: list[str], times: list[float], by_epoch: dict[tuple[str, int], float]) -> str:
     """Each estimate's error put down to its epochs or its pace, and the estimate replayed with a recent pace."""
-    from study.callbacks import pace_since
+    from study.launch.callbacks import pace_since
 
     found, offset = progress_found(lines, by_epoch)  # offset: the log's clock to MLflow's
     end, total = found[-1][0], len(times)
@@ -161,9 +161,9 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
     """Each line's estimate made again with this checkout's count of the epochs left (``callbacks.study_epochs_left``)
     on the state the study's records give for that moment, times the pace so far: how the code as it is now would have
     done on the same study. Counted as in :func:`split_errors`."""
-    from study.callbacks import pace_since, study_epochs_left
-    from study.record import StudyRecord
-    from study.schedulers import ladder
+    from study.launch.callbacks import pace_since, study_epochs_left
+    from study.records.study_record import StudyRecord
+    from study.search.schedulers import ladder
 
     record = StudyRecord.from_params(params, where="the study's parent run")
     rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]

@@ -116,8 +116,8 @@ def records(runs: Path, name: str) -> dict[str, Any]:
     import mlflow
     import optuna
 
-    from study.journal import open_storage
-    from study.tracking import all_pages, child_runs, find_study_run
+    from study.records.tracking import all_pages, child_runs, find_study_run
+    from study.search.journal import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))

@@ -40,7 +40,7 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from study.spaces import load_space  # noqa: E402
+from study.search.spaces import load_space  # noqa: E402
 from trainables.core import schedule  # noqa: E402
 from trainables.core.budgets import fit_budgets, rung_budgets  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402

@@ -47,10 +47,10 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from study import tracking  # noqa: E402
-from study.search import open_storage  # noqa: E402
-from study.spaces import VARIANT, load_space  # noqa: E402
-from study.trial import epochs_trained  # noqa: E402
+from study.records import tracking  # noqa: E402
+from study.search.journal import open_storage  # noqa: E402
+from study.search.spaces import VARIANT, load_space  # noqa: E402
+from study.search.trial import epochs_trained  # noqa: E402
 
 SEARCH = ROOT / "bench" / "efficiency_search.yaml"
 SEARCHES = ("budget-tpe", "budget-random", "asha-tpe", "asha-random")  # scheduler-sampler

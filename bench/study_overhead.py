@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from study import utilization  # noqa: E402
+from study.records import utilization  # noqa: E402
 
 EXPERIMENT = "dml-studies"
 REUSE_TOKEN = "+reuse_actors"
@@ -158,7 +158,7 @@ def measure(run: dict[str, Any], slots: int | None = None) -> dict[str, Any]:
     import mlflow
     import optuna
 
-    from study.search import open_storage
+    from study.search.journal import open_storage
 
     client = mlflow.MlflowClient(run["paths"]["tracking_uri"])
     experiment = client.get_experiment_by_name(EXPERIMENT)

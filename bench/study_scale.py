@@ -208,8 +208,8 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
     try:
         import optuna
 
-        from study.journal import open_storage
-        from study.trial import epochs_trained
+        from study.search.journal import open_storage
+        from study.search.trial import epochs_trained
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))
@@ -339,7 +339,7 @@ def stock_child(args: argparse.Namespace) -> int:
     """The stock (or bare) Ray Tune study: run in its own process by ``run_stock``."""
     import ray
 
-    from study.spaces import load_space
+    from study.search.spaces import load_space
 
     space = load_space(args.space)
     workdir = Path(args.workdir)

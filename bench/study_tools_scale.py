@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     import optuna
 
-    from study.journal import open_storage
+    from study.search.journal import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = len(optuna.load_study(study_name=args.study, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}")).trials)

@@ -40,9 +40,9 @@ def ask_costs(space_path: str, marks: list[int], window: int, rung: int, epochs:
     asks and tells."""
     import optuna
 
-    from study.journal import open_storage
-    from study.search import make_sampler
-    from study.spaces import load_space
+    from study.search.journal import open_storage
+    from study.search.searcher import make_sampler
+    from study.search.spaces import load_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

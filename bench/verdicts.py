@@ -263,7 +263,7 @@ def parent_run(folder: Path, name: str):
     """The MLflow parent run of study ``name`` in the store of its runs folder, or None."""
     from mlflow import MlflowClient
 
-    from study import tracking
+    from study.records import tracking
 
     db = folder / "mlflow.db"
     if not db.is_file():
@@ -286,7 +286,7 @@ def optuna_study(folder: Path, name: str):
     """Study ``name`` from the Optuna journal of its runs folder (loaded once per study: it is read whole)."""
     import optuna
 
-    from study.search import open_storage
+    from study.search.journal import open_storage
 
     return optuna.load_study(study_name=name, storage=open_storage(f"journal:{folder / 'optuna' / 'journal.log'}"))
 

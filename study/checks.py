@@ -12,9 +12,9 @@ import os
 import socket
 from pathlib import Path
 
-from study import tracking
 from study.inputs import UsageError, redacted
-from study.journal import journal_file
+from study.records import tracking
+from study.search.journal import journal_file
 from trainables.core.cache import attach_cache
 from trainables.core.data import DatasetSplits, image_size_for
 

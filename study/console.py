@@ -23,15 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from study import tracking
-from study.recorder import spool_path
-from study.selection import standing, tie_member
-from study.tracking import runs_dir
+from study.records import store
+from study.records.tracking import runs_dir
+from study.records.trials import spool_path
+from study.search.race import standing, tie_member
 from trainables.core.config import TrainConfig, applicable_keys
 
 if TYPE_CHECKING:
-    from study.records import StudySummary
-    from study.selection import Selection
+    from study.records.ending import StudySummary
+    from study.search.race import Selection
 
 # Libraries whose log records go to the log file; "py.warnings" carries warnings.warn (logging.captureWarnings).
 LIBRARY_LOGGERS = ("ray", "optuna", "mlflow", "alembic", "urllib3", "filelock", "matplotlib", "PIL", "py.warnings")
@@ -164,7 +164,7 @@ def print_selection(selection: Selection, metric: str) -> None:
 def study_flags(study_name: str, experiment: str, uri: str) -> str:
     """The flags that name a study to study.final, study.report and study.sync (the tracking URI unless the default's)."""
     flags = f"--study {study_name} --experiment {experiment}"
-    return flags if tracking.is_local_sqlite(uri) else f"{flags} --tracking-uri {uri}"
+    return flags if store.is_local_sqlite(uri) else f"{flags} --tracking-uri {uri}"
 
 
 def sync_command(study_name: str, experiment: str, uri: str) -> str:

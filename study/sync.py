@@ -21,12 +21,14 @@ import sys
 
 import optuna
 
-from study import console, inputs, locks, names, records, tracking
+from study import console, inputs, names
 from study.inputs import UsageError
-from study.journal import open_storage
-from study.parent import study_parent
-from study.record import StudyRecord
-from study.recorder import TrialRecorder, spool_path
+from study.records import ending as records
+from study.records import locks, tracking
+from study.records.parent import study_parent
+from study.records.study_record import StudyRecord
+from study.records.trials import TrialRecorder, spool_path
+from study.search.journal import open_storage
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,7 +99,7 @@ def write_malicious_pickle(path: Path, target: Path, writer: str = "pickle.dump"
 def recorded_params(**values) -> dict[str, str]:
     """A study's parent-run params as study.launch records them (study.record.StudyRecord), with ``values`` changed;
     a value of None leaves its param out, as a study recorded before that param existed."""
-    from study.record import StudyRecord
+    from study.records.study_record import StudyRecord
 
     record = StudyRecord(
         space="smoke", epochs=4, num_samples=4, scheduler="budget", grace_period=1, reduction_factor=4.0, sampler="tpe",
@@ -134,7 +134,7 @@ def wait_for(predicate, timeout: float, what: str, process=None, every_s: float 
 def epochs_recorded(epochs_trained: int, tags: dict[str, str]) -> list[int]:
     """The steps a trial's MLflow run holds, each once: 1 to the epochs its last attempt trained, or on to the last
     epoch of an attempt cut short (a kill before a checkpoint) when the run's tag says so, right after them."""
-    from study.recorder import LOST_EPOCHS_TAG
+    from study.records.trials import LOST_EPOCHS_TAG
 
     if LOST_EPOCHS_TAG not in tags:
         return list(range(1, epochs_trained + 1))

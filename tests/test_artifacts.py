@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from study import plots
-from study.artifacts import optuna_plot, study_artifacts, tied_configs
-from study.selection import Candidate, Selection
+from study.records.artifacts import optuna_plot, study_artifacts, tied_configs
+from study.search.race import Candidate, Selection
 from tests.conftest import ROOT
 from trainables.core.config import TrainConfig, applicable_keys
 
@@ -96,7 +96,7 @@ def test_imports_have_no_side_effects():
         # what the study modules import from elsewhere first: scipy and torch add warning filters of their own
         "import warnings, sys, mlflow, mlflow.pyfunc, optuna, matplotlib, scipy.stats, trainables.core.engine\n"
         "before = list(warnings.filters)\n"
-        "import study.report, study.artifacts, study.plots, study.pyfunc, study.final\n"
+        "import study.report.cli, study.records.artifacts, study.plots, study.final.pyfunc, study.final.cli\n"
         "print(warnings.filters == before, 'matplotlib.pyplot' in sys.modules, matplotlib.rcParams._get_backend_or_none())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)

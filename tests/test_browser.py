@@ -19,7 +19,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from study import console, launch, report
+from study import console
+from study.launch import cli as launch
+from study.report import cli as report
 from tests.conftest import wait_for
 from tests.test_launch import use_runs
 from tests.test_serving import free_port

@@ -271,7 +271,7 @@ def assert_recorded_once(c: Cluster, study: str, trials: int) -> dict[str, dict]
     order; every Optuna trial COMPLETE or PRUNED (stopped early by the scheduler)."""
     import optuna
 
-    from study.journal import open_storage
+    from study.search.journal import open_storage
 
     records = trial_records(c, study)
     assert [r["status"] for r in records.values() if r["kind"] == "study"] == ["FINISHED"]

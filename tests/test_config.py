@@ -13,6 +13,7 @@ import pytest
 
 from trainables.core import config
 from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.data import DATASETS
 from trainables.core.losses import LOSSES
 from trainables.core.models import BACKBONES, NORMALIZATIONS
 from trainables.core.optimizers import OPTIMIZERS
@@ -25,6 +26,7 @@ from trainables.core.optimizers import OPTIMIZERS
         ("normalization", NORMALIZATIONS, config.NORMALIZATION_CHOICES),
         ("optimizer", OPTIMIZERS, config.OPTIMIZER_CHOICES),
         ("backbone", BACKBONES, config.BACKBONE_CHOICES),
+        ("dataset", DATASETS, config.DATASET_CHOICES),
     ],
 )
 def test_each_name_config_allows_is_built_by_its_registry_and_nothing_else(key, registry, choices):

@@ -25,8 +25,12 @@ import yaml
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-from study import final, inputs, launch, report, sync, tracking
+from study import inputs, sync
+from study.final import cli as final
 from study.inputs import redacted
+from study.launch import cli as launch
+from study.records import tracking
+from study.report import cli as report
 from tests.test_final import TINY
 from tests.test_names import two_studies
 from tests.test_reliability import SMOKE, free_port, mlflow_server, refused_port, write
@@ -77,7 +81,7 @@ def test_the_command_tag_error_lines_and_log_records_are_redacted(monkeypatch, c
     assert tracking.first_error_line(error) == "MlflowException: API request to http://dml:***@head:5000/api/2.0/mlflow/runs/create failed"
     inputs.redact_logs()
     with caplog.at_level(logging.WARNING):
-        logging.getLogger("study.recorder").warning("MLflow at %s is unreachable", f"http://dml:{PASSWORD}@head:5000")
+        logging.getLogger("study.records.trials").warning("MLflow at %s is unreachable", f"http://dml:{PASSWORD}@head:5000")
         try:
             raise ConnectionError(f"API request to http://dml:{PASSWORD}@head:5000/api failed")
         except ConnectionError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from study import launch
+from study.launch import cli as launch
 from tests.test_launch import study_records
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from study import inputs, launch, tunestate
+from study import inputs
+from study.launch import cli as launch
+from study.launch import tunestate
 from tests.conftest import wait_for
 from tests.test_rehearsal import assert_recorded_once
 from tests.test_resume import epochs_logged, run_driver, start_driver

@@ -23,8 +23,14 @@ import torch
 import yaml
 from PIL import Image
 
-from study import final, seeds
+from study.final import cli as final
+from study.final import placement as seeds
+from study.final import train as final_train
+from study.final.plan import make_plan
+from study.final.results import EnsembleResult, SeedResult, summarize
+from study.final.train import load_data, placement_of
 from tests.conftest import ROOT, omniglot_root, wait_for
+from trainables.core.config import TrainConfig
 
 TINY = {
     "dataset": "synthetic",
@@ -70,7 +76,10 @@ def loaded_after(code: str, modules: tuple[str, ...]) -> tuple[list[str], object
 def test_the_drivers_import_no_torch():
     """study.launch, study.report and study.sync start without torch, torchvision, faiss or scikit-learn (6 of a
     driver's 8 s of imports): they read and check datasets, rungs and records; the trials import the engine."""
-    code = "import study.launch, study.report, study.sync, study.schedulers, trainables.core.data, trainables.core.budgets"
+    code = (
+        "import study.launch.cli, study.launch.tuner, study.report.cli, study.sync, study.search.schedulers, "
+        "trainables.core.data, trainables.core.budgets"
+    )
     assert loaded_after(code, ("torch", "torchvision", "faiss", "sklearn"))[0] == []
 
 
@@ -78,7 +87,7 @@ def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
     """What a driver does before and beside its trials, checking every shipped space's configs (TrainConfig) and
     tagging its runs with the library versions, loads no torch, torchvision or faiss (2 to 3 s of every driver's CPU)."""
     code = (
-        "from study import spaces, tracking; "
+        "from study.search import spaces; from study.records import tracking; "
         "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; result = tracking.reproducibility_tags()"
     )
     modules, tags = loaded_after(code, ("torch", "torchvision", "faiss"))
@@ -357,7 +366,7 @@ def test_help_is_actionable(monkeypatch, capsys):
 def test_plan_of_a_config_file(tmp_path):
     config = write_config(tmp_path / "tiny.yaml")
     args = final.parse_args(["--config", str(config), "--seeds", "2", "--epochs", "1"])
-    plan = final.make_plan(args, "sqlite:///unused.db")
+    plan = make_plan(args, "sqlite:///unused.db")
     assert (plan.name, plan.run_name, plan.experiment, plan.source) == ("tiny", "final-tiny", "final", str(config))
     assert [name for name, _ in plan.configurations] == ["tiny"] and plan.configurations[0][1].epochs == 1
     assert not plan.grid and plan.prefix == "" and plan.parent_run_id is None and plan.register is None
@@ -365,7 +374,7 @@ def test_plan_of_a_config_file(tmp_path):
 
 
 def test_plan_of_a_space_names_each_configuration():
-    plan = final.make_plan(final.parse_args(["--space", "paper_ablation", "--seeds", "3"]), "sqlite:///unused.db")
+    plan = make_plan(final.parse_args(["--space", "paper_ablation", "--seeds", "3"]), "sqlite:///unused.db")
     assert plan.grid and plan.name == plan.run_name == "paper_ablation" and plan.prefix == ""
     assert [name for name, _ in plan.configurations] == ["SM", "LN", "BN", "HLN", "HBN"]
     assert plan.source_of("HBN") == "paper_ablation (HBN)" and plan.seed_run_name("HBN", 2) == "HBN-seed2"
@@ -375,14 +384,14 @@ def test_batch_check_names_the_configuration_without_building_a_model(tmp_path, 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built to check a batch composition")
 
-    monkeypatch.setattr(final, "build_model", no_model)
+    monkeypatch.setattr(final_train, "build_model", no_model)
     space = tmp_path / "g.yaml"
     space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 1}, "grid": {"classes_per_batch": [8, 100]}}))
-    plan = final.make_plan(final.parse_args(["--space", str(space)]), "sqlite:///unused.db")
+    plan = make_plan(final.parse_args(["--space", str(space)]), "sqlite:///unused.db")
     with pytest.raises(final.ConfigError, match=r"\(classes_per_batch=100\): classes_per_batch=100 is larger than the \d+ training"):
-        final.load_data(plan, None, download=False)
-    plan = final.make_plan(final.parse_args(["--config", str(write_config(tmp_path / "ok.yaml"))]), "sqlite:///unused.db")
-    assert list(final.load_data(plan, None, download=False)) == [("synthetic", 0)]  # loaded once, keyed by (dataset, image size)
+        load_data(plan, None, download=False)
+    plan = make_plan(final.parse_args(["--config", str(write_config(tmp_path / "ok.yaml"))]), "sqlite:///unused.db")
+    assert list(load_data(plan, None, download=False)) == [("synthetic", 0)]  # loaded once, keyed by (dataset, image size)
 
 
 def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
@@ -393,7 +402,7 @@ def test_bad_device_is_one_line_exit_2_and_no_run(tmp_path, runs, capsys):
 
 
 def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
-    from study import tracking
+    from study.records import tracking
 
     uri = f"sqlite:///{runs / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -407,7 +416,7 @@ def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
 
 def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monkeypatch):
     """study.final --study NAME needs no --data-root: the study's parent run has it (param data_root); the flag and $DML_DATA_ROOT win."""
-    from study import parent, tracking
+    from study.records import parent, tracking
     from tests.conftest import recorded_params
 
     monkeypatch.delenv("DML_DATA_ROOT", raising=False)
@@ -422,7 +431,7 @@ def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monke
         seen.append(data_root)
         raise final.UsageError("stop before training")
 
-    monkeypatch.setattr(final, "load_data", load_data)
+    monkeypatch.setattr(final_train, "load_data", load_data)
     assert final.main(["--study", "s1"]) == 2
     assert final.main(["--study", "s1", "--data-root", str(tmp_path / "flag")]) == 2
     monkeypatch.setenv("DML_DATA_ROOT", str(tmp_path / "env"))
@@ -435,7 +444,7 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
 
     --epochs wins; a study recorded before final_epochs existed keeps the trials' epochs.
     """
-    from study import parent, tracking
+    from study.records import parent, tracking
     from tests.conftest import recorded_params
 
     uri = tracking.resolve_tracking_uri(None)
@@ -447,7 +456,7 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
         client.set_terminated(parent.create_parent_run(client, experiment_id, name, str(best), recorded))
 
     def epochs(*argv):
-        plan = final.make_plan(final.parse_args(list(argv)), uri)
+        plan = make_plan(final.parse_args(list(argv)), uri)
         return plan.configurations[0][1].epochs
 
     assert epochs("--study", "scaled") == 6
@@ -460,7 +469,7 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     trains seed k with the k-th tied candidate, cycling (#4, #7, #4 with seeds 0, 1, 2), each seed run tagged with its
     trial and holding its own config; the three as one model is registered, named by trial and seed, and embeds as the
     three side by side (16 + 8 + 16 wide). --members pick trains the pick alone; --members needs --study."""
-    from study import parent, tracking
+    from study.records import parent, tracking
     from tests.conftest import recorded_params
 
     uri = tracking.resolve_tracking_uri(None)
@@ -497,7 +506,7 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     assert "3 seed(s) of 2 epochs (seed k training the k-th of the race's tied candidates: #4, #7, #4) on every training class" in note
 
     def members(*argv):
-        return [(m.trial, m.config.loss) for m in final.make_plan(final.parse_args(["--study", "s1", *argv]), uri).members]
+        return [(m.trial, m.config.loss) for m in make_plan(final.parse_args(["--study", "s1", *argv]), uri).members]
 
     assert members() == [(4, "softmax"), (7, "ice")]
     assert members("--members", "pick") == members("--seeds", "1") == []
@@ -507,7 +516,7 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
 
 
 def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
-    from study import launch
+    from study.launch import cli as launch
 
     space = tmp_path / "scaled.yaml"
     lr = {"type": "float", "low": 0.001, "high": 0.01}
@@ -568,7 +577,7 @@ def test_a_registered_name_is_refused_before_anything_trains(tmp_path, runs, cap
     def no_training(*args, **kwargs):
         raise AssertionError("a seed trained before --register was checked")
 
-    monkeypatch.setattr(final, "train_seed", no_training)
+    monkeypatch.setattr(final_train, "train_seed", no_training)
     uri = f"sqlite:///{runs / 'mlflow.db'}"
     code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri, "--register", register], capsys)
     assert code == 2 and err.startswith("error: --register") and len(err.splitlines()) == 1, err
@@ -596,13 +605,13 @@ def test_the_name_rule_is_at_least_as_strict_as_mlflows_registered_model_names()
 def test_a_study_still_running_is_refused_naming_how_to_follow_it(tmp_path, runs, capsys, monkeypatch):
     """Issue 33, finding 9: study.final --study on a running study said "no trial completed" while Optuna held a COMPLETE
     trial. A study whose parent run is RUNNING (its driver running, or killed) is refused, saying so and what to run."""
-    from study import parent, tracking
+    from study.records import parent, tracking
     from tests.conftest import recorded_params
 
     def no_training(*args, **kwargs):
         raise AssertionError("a seed trained from a study still running")
 
-    monkeypatch.setattr(final, "train_seed", no_training)
+    monkeypatch.setattr(final_train, "train_seed", no_training)
     uri = tracking.resolve_tracking_uri(None)
     client = mlflow.MlflowClient(uri)
     best = write_config(tmp_path / "best_config.yaml")  # an artifact of the parent run, as if written early
@@ -615,18 +624,18 @@ def test_a_study_still_running_is_refused_naming_how_to_follow_it(tmp_path, runs
     assert [r.info.run_id for r in all_runs(uri)[1]] == [run_id]
 
 
-def seed_result(seed: int, recall: float, registered: str | None = None) -> final.SeedResult:
+def seed_result(seed: int, recall: float, registered: str | None = None) -> SeedResult:
     test = {key: 0.5 for key in ("test_nmi", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")}
     test["test_recall_at_1"] = recall
-    return final.SeedResult(seed, f"run{seed}", test, 60.0 + seed, f"models:/m-{seed}", registered)
+    return SeedResult(seed, f"run{seed}", test, 60.0 + seed, f"models:/m-{seed}", registered)
 
 
 def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     """Issue 30: run_final's result is a FinalResult of ConfigurationResults of SeedResults (frozen dataclasses), which
     the printers read; results.json keeps the same fields."""
-    config = final.TrainConfig.from_dict(TINY)
+    config = TrainConfig.from_dict(TINY)
     seeds = (seed_result(0, 0.6, registered="models:/s1-embedding/1"), seed_result(1, 0.8))
-    only = final.ConfigurationResult("s1", config, seeds, final.summarize([s.test for s in seeds]) | {"time_per_seed_s_mean": 60.5})
+    only = final.ConfigurationResult("s1", config, seeds, summarize([s.test for s in seeds]) | {"time_per_seed_s_mean": 60.5})
     result = final.FinalResult("s1", "sqlite:///x.db", "parent1", (only,))
     with pytest.raises(AttributeError):
         result.name = "other"  # frozen
@@ -641,7 +650,7 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     assert "  model: models:/m-1  (run run1)" in out and "registered as: models:/s1-embedding/1: the first seed's model, seed 0" in out
     assert "-m models:/s1-embedding/1 " in out  # the registered version is what the serve command serves
 
-    ensemble = final.EnsembleResult("run9", {"test_recall_at_1": 0.75}, "models:/m-9")
+    ensemble = EnsembleResult("run9", {"test_recall_at_1": 0.75}, "models:/m-9")
     joint = dataclasses.replace(only, summary=only.summary | {"ensemble_test_recall_at_1": 0.75}, ensemble=ensemble)
     assert joint.record()["ensemble"] == {
         "run_id": "run9",
@@ -685,11 +694,11 @@ def test_the_local_rule_trains_the_seeds_side_by_side_on_several_cores_with_a_sh
 
 def test_a_clusters_seed_task_holds_the_studys_trial_resources_unless_the_flags_say_otherwise(tmp_path):
     config = str(write_config(tmp_path / "tiny.yaml"))
-    plan = final.make_plan(final.parse_args(["--config", config]), "sqlite:///unused.db")
+    plan = make_plan(final.parse_args(["--config", config]), "sqlite:///unused.db")
     study_plan = dataclasses.replace(plan, trial_resources=(2.0, 0.5))  # a study recorded with --cpus-per-trial 2 --gpus-per-trial 0.5
 
     def placed(*flags: str) -> tuple:
-        p = final.placement_of(final.parse_args(["--config", config, *flags]), study_plan, torch.device("cpu"))
+        p = placement_of(final.parse_args(["--config", config, *flags]), study_plan, torch.device("cpu"))
         return p.parallel, p.address, p.cpus, p.gpus, p.threads
 
     assert placed("--address", "10.0.0.5:6379") == (True, "10.0.0.5:6379", 2.0, 0.5, 2)
@@ -717,10 +726,10 @@ def test_placement_flags_are_checked_before_anything_starts(capsys, argv, needle
 def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(capsys):
     """Issue 32, findings 1 and 6: the UI line ends with the address of the experiment's runs table (MLflow 3.17 opens
     its GenAI views otherwise); a study's final training (and a grid's) names study.report, a config file's does not."""
-    config = final.TrainConfig.from_dict(TINY)
+    config = TrainConfig.from_dict(TINY)
     seeds_done = (seed_result(0, 0.6, registered="models:/s1-embedding/1"),)
     only = final.ConfigurationResult(
-        "s1", config, seeds_done, final.summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0}
+        "s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0}
     )
     final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
     out = capsys.readouterr().out
@@ -769,11 +778,11 @@ def test_a_study_whose_end_could_not_write_mlflow_is_refused_naming_study_sync(t
     """A study whose end could not write MLflow (unreachable, or its disk full) leaves its parent RUNNING and its records
     in the spool: study.final --study says so and gives the study.sync command, not a --resume of a driver it calls
     killed."""
-    from study import parent, tracking
-    from study.recorder import spool_path
+    from study.records import parent, tracking
+    from study.records.trials import spool_path
     from tests.conftest import recorded_params
 
-    monkeypatch.setattr(final, "train_seed", lambda *a, **k: pytest.fail("a seed trained from a study still running"))
+    monkeypatch.setattr(final_train, "train_seed", lambda *a, **k: pytest.fail("a seed trained from a study still running"))
     uri = tracking.resolve_tracking_uri(None)
     client = mlflow.MlflowClient(uri)
     best = write_config(tmp_path / "best_config.yaml")
@@ -804,7 +813,7 @@ def test_a_signal_while_the_parent_run_is_created_leaves_it_killed_not_running(t
         signal.raise_signal(signal.SIGTERM)
         return run
 
-    monkeypatch.setattr(final, "train_seed", no_training)
+    monkeypatch.setattr(final_train, "train_seed", no_training)
     monkeypatch.setattr(mlflow.MlflowClient, "create_run", create_then_signal)
     uri = f"sqlite:///{runs / 'mlflow.db'}"
     code, err = run_main(["--config", str(write_config(tmp_path / "tiny.yaml")), "--tracking-uri", uri], capsys)

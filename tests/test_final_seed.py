@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from study import final
-from study.seeds import SeedJob
+from study.final import seed as final
+from study.final.placement import SeedJob
 from trainables.core import engine
 from trainables.core.config import TrainConfig
 from trainables.core.data import DatasetSplits, load_dataset

@@ -9,7 +9,8 @@ import mlflow
 import pytest
 import yaml
 
-from study import final
+from study.final import cli as final
+from study.final.plan import space_configs
 from tests.conftest import ROOT
 
 
@@ -29,7 +30,7 @@ def test_space_configs_of_a_grid_space_are_named_key_value(tmp_path):
             }
         )
     )
-    configs, name = final.space_configs(str(path), epochs=1)
+    configs, name = space_configs(str(path), epochs=1)
     assert name == "g"
     expected = {
         "alpha=4.0,samples_per_class=2": (4.0, 2),
@@ -42,7 +43,7 @@ def test_space_configs_of_a_grid_space_are_named_key_value(tmp_path):
 
 
 def test_space_configs_of_a_variants_space_are_named_by_variant():
-    configs, name = final.space_configs("paper_ablation", epochs=None)
+    configs, name = space_configs("paper_ablation", epochs=None)
     assert name == "paper_ablation"
     by_name = dict(configs)
     assert list(by_name) == ["SM", "LN", "BN", "HLN", "HBN"]  # the file's order

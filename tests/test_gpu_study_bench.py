@@ -4,8 +4,8 @@ study's and final's summaries as they print them."""
 from __future__ import annotations
 
 from bench.gpu_study import SEED_TIME, SUMMARY, TEST, UTILIZATION, parse, space_yaml
-from study.spaces import parse_space
-from study.utilization import Utilization
+from study.records.utilization import Utilization
+from study.search.spaces import parse_space
 
 # the end of a study's and of study.final's output, as a GPU run printed them (docs/bench/gpu_study.json's run 1)
 STUDY_END = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from study.heap import Releaser, release_freed
+from study.launch.heap import Releaser, release_freed
 
 
 def resident_mb() -> float:

@@ -20,13 +20,19 @@ import pytest
 import yaml
 from PIL import Image
 
-from study import checks, final, inputs, launch, report, tracking
-from study.spaces import SpaceError
+from study import checks, inputs
+from study.final import cli as final
+from study.final.images import as_uint8_images
+from study.launch import cli as launch
+from study.launch.settings import check_storage, prepare_space
+from study.records import tracking
+from study.report import cli as report
+from study.search.spaces import SpaceError, load_space
 from tests.test_final import TINY
 from tests.test_reliability import SMOKE, assert_nothing_left, refused_port, smoke_with, write
 from tests.test_report import write_study_records
 from tests.test_serving import embedding_model
-from trainables.core.data import DatasetError, as_uint8_images, read_image
+from trainables.core.data import DatasetError, read_image
 
 
 def run_launch(argv: list[str], capsys) -> tuple[int, str]:
@@ -121,9 +127,9 @@ def test_relative_pretrained_is_resolved_on_the_driver_and_a_missing_one_refused
     write(tmp_path / "w.pt", "weights")  # whether they fit the backbone is the trials' check (and study.final's)
     space = smoke_with(tmp_path, "weights", fixed__pretrained="w.pt")
     args = launch.parse_args(["--space", str(space)])
-    assert launch.prepare_space(args).fixed["pretrained"] == str(tmp_path / "w.pt")
+    assert prepare_space(args).fixed["pretrained"] == str(tmp_path / "w.pt")
     grid = write(tmp_path / "grid.yaml", yaml.safe_dump({"fixed": {"dataset": "synthetic"}, "grid": {"pretrained": ["none", "w.pt"]}}))
-    assert launch.prepare_space(launch.parse_args(["--space", str(grid)])).grid["pretrained"] == ["none", str(tmp_path / "w.pt")]
+    assert prepare_space(launch.parse_args(["--space", str(grid)])).grid["pretrained"] == ["none", str(tmp_path / "w.pt")]
 
     missing = smoke_with(tmp_path, "missing", fixed__pretrained="gone.pt")
     code, err = run_launch(["--space", str(missing)], capsys)
@@ -346,7 +352,7 @@ def test_nan_and_infinite_bounds_are_refused(tmp_path, runs, capsys, bound):
         "classes_per_batch: {type: int, low: 4, high: 8, step: 4}", f"classes_per_batch: {{type: int, low: 4, high: 8, step: {bound}}}"
     )
     with pytest.raises(SpaceError, match="params.classes_per_batch.step"):
-        launch.load_space(write(tmp_path / "step.yaml", text))
+        load_space(write(tmp_path / "step.yaml", text))
 
 
 def readonly_folder(tmp_path: Path) -> Path:
@@ -479,8 +485,8 @@ def test_in_shop_queries_without_gallery_images_are_refused(tmp_path):
 
 def test_writable_check_names_the_flag(tmp_path):
     with pytest.raises(inputs.UsageError, match="--storage-path: .* is not writable"):
-        launch.check_storage(str(write(tmp_path / "f", "x") / "ray"))
-    assert launch.check_storage(str(tmp_path / "new" / "ray")) == str(tmp_path / "new" / "ray")
+        check_storage(str(write(tmp_path / "f", "x") / "ray"))
+    assert check_storage(str(tmp_path / "new" / "ray")) == str(tmp_path / "new" / "ray")
     assert not [p for p in (tmp_path / "new" / "ray").iterdir()]  # the probe is gone
     assert os.access(tmp_path / "new" / "ray", os.W_OK)
 

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from study import launch
 from study.interrupts import StopSignals, StudyInterrupted, exit_code, signal_name
+from study.launch import cli as launch
 from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 from tests.test_resume import start_driver
@@ -95,7 +95,7 @@ class HalfWrites:
 def test_a_signal_never_cuts_a_seed_recorders_write_in_half(writes):
     """study.final's seeds in the driver: a signal during one of the recorder's writes lets the write end, then stops
     the training (StudyInterrupted, naming the signal) before anything else is written."""
-    from study import seeds
+    from study.final import placement as seeds
 
     recorder = HalfWrites()
     for other in {"start", "epoch", "done"} - {writes}:

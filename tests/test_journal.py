@@ -12,8 +12,8 @@ import threading
 import optuna
 import pytest
 
-from study.journal import cut_torn_tail, repair
-from study.search import open_storage
+from study.lines import cut_torn_tail
+from study.search.journal import open_storage, repair
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -91,7 +91,7 @@ def test_a_writer_killed_while_it_holds_the_journals_lock_does_not_keep_the_next
     writer gets the lock only because the kill-safe lock removes the link its killed holder left."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    from study import journal
+    from study.search import journal
     from tests.conftest import ROOT, wait_for
 
     path = str(tmp_path / "journal.log")
@@ -116,7 +116,7 @@ def test_another_optuna_writers_lock_is_left_to_optunas_own_rule(tmp_path, monke
     own grace period (shortened here to 3 s) is what breaks it, as for any Optuna writer."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    from study import journal
+    from study.search import journal
 
     path = str(tmp_path / "journal.log")
     make_study(path)

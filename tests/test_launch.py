@@ -15,9 +15,14 @@ import optuna
 import pytest
 import yaml
 
-from study import launch, recorder, tracking
-from study.search import open_storage
-from study.trial import CONFIRMS_KEY
+from study.launch import cli as launch
+from study.launch.settings import shared_storage_note
+from study.launch.tuner import restore_tuner
+from study.records import tracking
+from study.records import trials as recorder
+from study.report.finals import study_report
+from study.search.journal import open_storage
+from study.search.trial import CONFIRMS_KEY
 
 pytestmark = pytest.mark.slow
 EPOCHS = 4
@@ -156,7 +161,7 @@ def test_asha_stopped_trials_are_pruned_in_optuna(two_node_study):
 
 def test_report_of_the_study(two_node_study, tmp_path, capsys):
     """python -m study.report on this study: the rung-correlation table and the top trials, checked against MLflow and Optuna."""
-    from study import report
+    from study.report import cli as report
 
     runs = two_node_study["runs"]
     client, parent, children, study = study_records(runs, "two-nodes")
@@ -203,7 +208,7 @@ def test_report_of_the_study(two_node_study, tmp_path, capsys):
 
 def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     """--resume without --space / --epochs continues with the study's own, read back from its parent run's params."""
-    from study import parent, tracking
+    from study.records import parent, tracking
 
     started = launch.study_settings(launch.parse_args(["--space", "smoke", "--epochs", "3", "--study-name", "earlier"]))
     uri = tracking.resolve_tracking_uri(None)
@@ -264,7 +269,6 @@ def test_budget_rungs_see_finished_schedules(budget_study):
 def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     import json
 
-    from study import report
 
     client, parent, _, study = study_records(budget_study["runs"], "budgets")
     parent = parent[0]
@@ -302,7 +306,7 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     tied = yaml.safe_load(open(tied_file))
     assert [e["trial"] for e in tied] == [e["trial"] for e in selection["ranking"] if e["dropped_after_folds"] is None]
     assert [e["config"]["lr"] for e in tied] == [study.trials[e["trial"]].user_attrs["config"]["lr"] for e in tied]
-    text = "\n".join(report.study_report(client, parent, tmp_path, top=5))  # the report names the pick and says why
+    text = "\n".join(study_report(client, parent, tmp_path, top=5))  # the report names the pick and says why
     picked = recorder.run_name("trial", winner.user_attrs["tune_trial_id"], winner.number)
     assert f"picked: {picked}, the best mean; {selection['verdict']}" in text and "The picked trial's config" in text
 
@@ -336,9 +340,9 @@ def test_trial_folders_hold_tunes_json_and_csv_results_and_no_tensorboard_files(
 
 
 def test_a_cluster_study_with_checkpoints_in_a_folder_of_this_host_is_told_every_node_must_reach_it():
-    assert launch.shared_storage_note(None, "/data/runs/ray") is None  # a local Ray: one host
-    assert launch.shared_storage_note("auto", "s3://bucket/ray") is None  # every node reaches a bucket
-    note = launch.shared_storage_note("10.0.0.1:6379", "/data/runs/ray")
+    assert shared_storage_note(None, "/data/runs/ray") is None  # a local Ray: one host
+    assert shared_storage_note("auto", "s3://bucket/ray") is None  # every node reaches a bucket
+    note = shared_storage_note("10.0.0.1:6379", "/data/runs/ray")
     assert note.startswith("note: --storage-path /data/runs/ray is a folder of this host") and "s3://" in note
 
 
@@ -356,11 +360,11 @@ def test_a_tune_state_saved_by_another_version_is_a_one_line_error_on_resume(mon
     for error in (missing, ModuleNotFoundError("No module named 'study.old'")):
         monkeypatch.setattr(tune.Tuner, "restore", staticmethod(lambda *a, error=error, **k: (_ for _ in ()).throw(error)))
         with pytest.raises(launch.UsageError) as raised:
-            launch.restore_tuner(settings)
+            restore_tuner(settings)
         line = str(raised.value)
         assert "\n" not in line and "study old under /runs/ray/old was saved by another version" in line
         assert str(error).split(" on ")[0] in line and "--study-name" in line
     other = AttributeError("'NoneType' object has no attribute 'x'")
     monkeypatch.setattr(tune.Tuner, "restore", staticmethod(lambda *a, **k: (_ for _ in ()).throw(other)))
     with pytest.raises(AttributeError, match="NoneType"):
-        launch.restore_tuner(settings)
+        restore_tuner(settings)

@@ -13,8 +13,9 @@ import optuna
 import pytest
 import yaml
 
-from study import launch, locks
-from study.search import open_storage
+from study.launch import cli as launch
+from study.records import locks
+from study.search.journal import open_storage
 from tests.conftest import ROOT, wait_for
 from tests.test_final import TINY
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from study import final, launch, names, report, sync, tracking
+from study import names, sync
+from study.final import cli as final
+from study.final import train as final_train
 from study.inputs import UsageError
+from study.launch import cli as launch
+from study.records import tracking
+from study.report import cli as report
 from tests.conftest import recorded_params
 from tests.test_final import TINY
 
@@ -51,7 +56,7 @@ def test_quotes_and_operators_in_every_name_flag_are_one_line_and_exit_2(runs, c
     def nothing_may_train(*args, **kwargs):
         raise AssertionError("a command went on with a hostile name")
 
-    monkeypatch.setattr(final, "train_seed", nothing_may_train)
+    monkeypatch.setattr(final_train, "train_seed", nothing_may_train)
     client = two_studies(runs)
     before = store_contents(client)
     main, valid, flags = COMMANDS[command]

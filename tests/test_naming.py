@@ -18,11 +18,12 @@ import optuna
 import pytest
 import torch
 
-from study import console, parent, sync, tracking
-from study.callbacks import MlflowTrials, result_metrics, result_step
-from study.journal import open_storage
-from study.recorder import TrialRecorder
-from study.records import StudySummary, describe_optuna_study
+from study import console, sync
+from study.launch.callbacks import MlflowTrials, result_metrics, result_step
+from study.records import parent, tracking
+from study.records.ending import StudySummary, describe_optuna_study
+from study.records.trials import TrialRecorder
+from study.search.journal import open_storage
 from tests.conftest import recorded_params
 from trainables.core.config import LOSS_KEYS, TrainConfig, applicable_keys
 from trainables.core.engine import fit
@@ -135,7 +136,7 @@ def test_a_trial_run_is_named_by_its_optuna_number_logs_every_key_and_is_linked_
 
 
 def test_a_confirmation_run_names_the_optuna_trial_it_re_runs(study_store, runs):
-    from study.trial import CONFIRMS_KEY
+    from study.search.trial import CONFIRMS_KEY
 
     uri, experiment_id, parent, _, client = study_store
     config = {"loss": "ice", "lr": 0.002, "seed": 1, CONFIRMS_KEY: 7}  # the seed-1 re-run of Optuna trial #7
@@ -280,7 +281,7 @@ def test_the_study_summary_prints_commands_that_run_as_printed(runs, capsys):
     assert "  ice_scale: 64.0" in out and "alpha" not in out  # the keys that apply to ICE, as best_config.yaml
     assert f"{console.env_tool('mlflow')} ui --backend-store-uri sqlite:///x.db" in out and f"library logs: {log}" in out
     # an undecided race: study.final --study trains its tie, seed k the k-th candidate (study.final --members tied)
-    from study.selection import Candidate, Selection
+    from study.search.race import Candidate, Selection
 
     tie = Selection((Candidate(0, (0.8, 0.9), (0, 1)), Candidate(5, (0.79, 0.9), (0, 1))), 0.005, 1.0, stopped="budget")
     console.print_study_summary(StudySummary(metrics, trial, trial.user_attrs["config"], selection=tie, **named), "val_recall_at_1")

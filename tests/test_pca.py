@@ -159,7 +159,7 @@ def test_config_reduction_rules():
 
 @pytest.mark.usefixtures("one_thread")
 def test_fit_with_pca_fits_on_the_training_images_and_the_bundle_carries_it(tmp_path):
-    from study.pyfunc import EmbeddingModel
+    from study.final.pyfunc import EmbeddingModel
     from trainables.core.data import load_dataset
     from trainables.core.engine import embed, fit
 
@@ -187,7 +187,7 @@ def test_fit_with_pca_fits_on_the_training_images_and_the_bundle_carries_it(tmp_
 
 
 def test_logged_model_without_a_fitted_pca_is_refused(tmp_path):
-    from study.pyfunc import EmbeddingModel
+    from study.final.pyfunc import EmbeddingModel
     from trainables.core.checkpoint import CheckpointError
     from trainables.core.engine import build_model
 

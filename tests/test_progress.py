@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from study.callbacks import Progress, epochs_left, trial_epochs_left
+from study.launch.callbacks import Progress, epochs_left, trial_epochs_left
 
 METRIC = "val_recall_at_1"
 
@@ -78,7 +78,7 @@ def test_the_races_rounds_count_once_the_search_has_trained_their_budget(capsys)
 
 
 def test_durations_read_in_seconds_up_to_three_minutes_then_minutes_then_hours():
-    from study.callbacks import format_duration
+    from study.launch.callbacks import format_duration
 
     assert [format_duration(s) for s in (6, 95, 179)] == ["6 s", "95 s", "179 s"]  # not "2 min" for 95 s
     assert [format_duration(s) for s in (180, 750, 5399)] == ["3 min", "12 min", "90 min"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study.spaces import SpaceError, load_space
+from study.search.spaces import SpaceError, load_space
 from trainables.core import config
 from trainables.core.config import ConfigError, TrainConfig
 

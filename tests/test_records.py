@@ -24,10 +24,11 @@ import pytest
 from mlflow.store.entities import PagedList
 from optuna.trial import TrialState
 
-from study import parent, records
-from study.callbacks import MlflowTrials
 from study.interrupts import StudyInterrupted
-from study.recorder import TrialRecorder
+from study.launch.callbacks import MlflowTrials
+from study.records import ending as records
+from study.records import parent
+from study.records.trials import TrialRecorder
 from tests.conftest import ROOT
 from trainables.core.config import TrainConfig
 
@@ -529,7 +530,7 @@ def test_a_trial_never_named_reads_again_only_while_it_runs(tmp_path, mlflow_fak
 
 
 def test_the_study_description_ends_with_its_retrained_pick_and_a_later_retraining_replaces_it():
-    from study.records import FINAL_MARK, with_final
+    from study.records.ending import FINAL_MARK, with_final
 
     note = "**Pick of study s: trial-3** (loss `ice`)\n\nRetrain it: `python -m study.final --study s`"
     summary = {"test_recall_at_1_mean": 0.8471, "test_recall_at_1_std": 0.0123, "test_nmi_mean": 0.9, "test_nmi_std": 0.0}
@@ -575,7 +576,7 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
     ``optuna-<number>``."""
     import mlflow
 
-    from study.journal import open_storage
+    from study.search.journal import open_storage
 
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", f"journal:{tmp_path / 'optuna.log'}"
     client = mlflow.MlflowClient(uri)

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from study import launch, tunestate
-from study.record import StudyRecord
+from study.launch import cli as launch
+from study.launch import tunestate
+from study.records.study_record import StudyRecord
 from tests.conftest import epochs_recorded
 from tests.test_launch import study_records
 from tests.test_resume import FREQUENT_SNAPSHOTS, epochs_logged, run_and_kill, run_driver

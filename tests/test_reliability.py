@@ -26,8 +26,9 @@ import pytest
 import ray
 import yaml
 
-from study import final, launch
-from study.search import open_storage
+from study.final import cli as final
+from study.launch import cli as launch
+from study.search.journal import open_storage
 from tests.conftest import ROOT, wait_for, write_malicious_pickle
 
 SMOKE = ROOT / "search_spaces" / "smoke.yaml"
@@ -600,7 +601,7 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkey
 
 def test_the_reasons_of_a_study_without_a_complete_trial_are_counted_and_its_parent_failed(runs):
     """tracking.fail_study: each distinct failure_reason of the study's trial runs once, with how many it hit, most first."""
-    from study import parent, tracking
+    from study.records import parent, tracking
     from tests.conftest import recorded_params
 
     uri = tracking.resolve_tracking_uri(None)

@@ -13,7 +13,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from study import launch, relocate
+from study import relocate
+from study.launch import cli as launch
+from study.records import store
 from tests.test_launch import study_records
 
 pytestmark = pytest.mark.slow
@@ -85,12 +87,12 @@ def test_a_copy_beside_its_original_is_rebound_once_and_the_original_is_left_as_
     original, copy = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
     original.mkdir(parents=True)
     run_id = make_store(original)
-    assert relocate.rebind_if_moved(f"sqlite:///{original / 'mlflow.db'}") is None  # where it was written: not moved
+    assert store.rebind_if_moved(f"sqlite:///{original / 'mlflow.db'}") is None  # where it was written: not moved
     before = paths_in_store(original / "mlflow.db")
     shutil.copytree(original, copy)
 
-    move = relocate.rebind_if_moved(f"sqlite:///{copy / 'mlflow.db'}")
-    assert move == relocate.Move(original, copy)
+    move = store.rebind_if_moved(f"sqlite:///{copy / 'mlflow.db'}")
+    assert move == store.Move(original, copy)
     assert paths_in_store(original / "mlflow.db") == before
     run = mlflow.MlflowClient(f"sqlite:///{copy / 'mlflow.db'}").get_run(run_id)
     assert run.info.artifact_uri == f"{(copy / 'artifacts' / 'dml-studies').as_uri()}/{run_id}/artifacts"
@@ -99,7 +101,7 @@ def test_a_copy_beside_its_original_is_rebound_once_and_the_original_is_left_as_
         "storage_path": str(copy / "ray"),
         "space": str(original.parent / "spaces" / "x.yaml"),
     }
-    assert relocate.rebind_if_moved(f"sqlite:///{copy / 'mlflow.db'}") is None  # bound: nothing more to do
+    assert store.rebind_if_moved(f"sqlite:///{copy / 'mlflow.db'}") is None  # bound: nothing more to do
     assert relocate.main(["--tracking-uri", f"sqlite:///{copy / 'mlflow.db'}"]) == 0
     assert "nothing to do" in capsys.readouterr().out
 
@@ -111,7 +113,7 @@ def test_a_store_whose_artifacts_folder_is_absent_is_not_taken_for_a_moved_one(t
     alone.mkdir()
     make_store(original)
     shutil.copyfile(original / "mlflow.db", alone / "mlflow.db")
-    assert relocate.rebind_if_moved(f"sqlite:///{alone / 'mlflow.db'}") is None
+    assert store.rebind_if_moved(f"sqlite:///{alone / 'mlflow.db'}") is None
     assert paths_in_store(alone / "mlflow.db") == paths_in_store(original / "mlflow.db")
 
 
@@ -135,7 +137,7 @@ def test_a_store_whose_writer_was_killed_mid_transaction_is_checked_and_read_as_
     2026-11-26) leaves sqlite's hot journal beside the store. The store check's read-only look for a move cannot roll
     it back (SQLITE_READONLY_ROLLBACK), so every command, --resume first, failed with "cannot rebind a moved MLflow
     store (attempt to write a readonly database)". Now the check rolls it back, as any MLflow client does."""
-    from study import tracking
+    from study.records import tracking
     from tests.conftest import ROOT as ROOT_DIR
 
     runs = tmp_path / "runs"
@@ -149,7 +151,7 @@ def test_a_store_whose_writer_was_killed_mid_transaction_is_checked_and_read_as_
     writer.wait()
     assert (runs / "mlflow.db-journal").is_file()  # hot: the killed writer's transaction is to be undone
     uri = f"sqlite:///{database}"
-    assert relocate.rebind_if_moved(uri) is None  # before: UsageError "cannot rebind a moved MLflow store (...readonly...)"
+    assert store.rebind_if_moved(uri) is None  # before: UsageError "cannot rebind a moved MLflow store (...readonly...)"
     tracking.check_store(uri, "study.launch")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     assert not any("half-written" in v for v in run.data.params.values()) and not any(k.startswith("x") for k in run.data.tags)

@@ -22,9 +22,13 @@ import optuna
 import pytest
 import yaml
 
-from study import final, report
-from study.report import asha_rungs, markdown, paper_table, rung_rank_correlation
-from study.search import open_storage
+from study.final import cli as final
+from study.records.curves import asha_rungs
+from study.report import cli as report
+from study.report.document import markdown
+from study.report.finals import ensemble_line
+from study.report.sections import _final_seed_runs, importance_section, paper_table, rung_rank_correlation, top_trials
+from study.search.journal import open_storage
 from tests.conftest import recorded_params
 
 
@@ -361,7 +365,7 @@ def test_finished_schedules_read_each_budget_at_its_end():
     """A ladder trial (budgets 2, 4; budget 4 resumed after 1 epoch) logs steps 1..5; its rung values sit at steps 2 and 5."""
     from types import SimpleNamespace
 
-    from study.report import finished_schedules
+    from study.report.sections import finished_schedules
 
     logged = {"budget": [2, 2, 4, 4, 4], "epoch": [1, 2, 2, 3, 4]}
 
@@ -413,7 +417,7 @@ def fake_run(run_id: str, start_time: int, **tags):
 def test_every_search_reads_every_page():
     """12,000 trials, 12,000 seed runs: each search returns all of them, in pages (before: 10,000 trials, 5,000 seeds, and a
     study's parent, its oldest run, fell off the 5,000 newest runs of its name)."""
-    from study import tracking
+    from study.records import tracking
 
     parent = fake_run("parent", 0, study_name="big", kind="study")
     trials = [fake_run(f"t{i}", 1 + i, study_name="big", kind="trial", **{"mlflow.parentRunId": "parent"}) for i in range(12_000)]
@@ -421,7 +425,7 @@ def test_every_search_reads_every_page():
     client = PagingMlflow([parent, *trials, *seeds])
     assert sorted(r.info.run_id for r in tracking.child_runs(client, "0", "parent")) == sorted(r.info.run_id for r in trials)
     assert 12 <= client.calls <= 13  # pages of 1,000
-    assert [r.info.run_id for r in report._final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
+    assert [r.info.run_id for r in _final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
     assert report.find_parent(client, "big", None) is parent  # in any of 1,500 experiments
 
 
@@ -443,7 +447,7 @@ def test_the_top_trials_leave_a_param_the_trial_did_not_train_with_blank():
     plain = trial_run("plain", {**defaults, "loss": "softmax", "heating": "none", "lr": "0.03", "variant": "c"})  # heating none: no target
     histories = {"ice": {1: 0.9}, "sm": {1: 0.8}, "plain": {1: 0.7}}
     states = dict.fromkeys(histories, "COMPLETE")
-    text = markdown(report.top_trials([ice, softmax, plain], histories, states, "val_recall_at_1", "max", 10))
+    text = markdown(top_trials([ice, softmax, plain], histories, states, "val_recall_at_1", "max", 10))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
     table = [dict(zip(rows[0], row)) for row in rows[1:]]
     assert rows[0] == ["trial", "val_recall_at_1", "epochs", "alpha", "heating", "heating_target", "ice_scale", "loss", "lr", "variant"]
@@ -458,8 +462,8 @@ def test_importances_are_computed_per_loss_family_and_the_page_says_on_which_tri
     Here a softmax trial's score is a function of alpha alone, an ICE trial's of ice_scale alone, lr is noise in both:
     each family's panel ranks its own parameter first with nearly all the importance, and names no parameter of the
     other loss (and not the loss, one value within a family)."""
-    from study.artifacts import family_importances
-    from study.record import StudyRecord
+    from study.records.artifacts import family_importances
+    from study.records.study_record import StudyRecord
 
     storage = f"journal:{tmp_path / 'optuna.log'}"
     study = optuna.create_study(study_name="fam", direction="maximize", storage=open_storage(storage))
@@ -482,7 +486,7 @@ def test_importances_are_computed_per_loss_family_and_the_page_says_on_which_tri
 
     parent = SimpleNamespace(info=SimpleNamespace(run_id="p"), data=SimpleNamespace(tags={"study_name": "fam"}))
     record = StudyRecord.from_params(recorded_params(optuna_storage=storage))
-    text = markdown(report.importances(None, parent, record, tmp_path))
+    text = markdown(importance_section(None, parent, record, tmp_path))
     assert "### loss softmax: 8 complete trials" in text and "### loss ice: 8 complete trials" in text
     assert "Computed per loss family, on its complete trials" in text
     assert text.index("| alpha |") < text.index("### loss ice") < text.index("| ice_scale |")
@@ -511,14 +515,14 @@ def test_the_finals_section_names_the_latest_finished_ensemble_of_the_study(tmp_
     uri = write_study_records(tmp_path, f"journal:{tmp_path / 'optuna.log'}")
     client = mlflow.MlflowClient(uri)
     parent = [r for r in all_runs(uri)[1] if r.data.tags.get("kind") == "study"][0]
-    assert report.ensemble_line(client, parent) == []
+    assert ensemble_line(client, parent) == []
     for name, recall, status in (("old", 0.81234, "FINISHED"), ("new", 0.86789, "FINISHED"), ("cut", 0.9, "KILLED")):
         tags = {"mlflow.parentRunId": parent.info.run_id, "kind": "final_ensemble", "seeds": "0 1 2"}
         run = client.create_run(parent.info.experiment_id, run_name=f"final-hand-{name}", tags=tags).info.run_id
         client.log_metric(run, "test_recall_at_1", recall)
         client.log_metric(run, "test_map_at_r", 0.5)
         client.set_terminated(run, status)
-    text = report.markdown(report.ensemble_line(client, parent))
+    text = markdown(ensemble_line(client, parent))
     assert (
         "The final model, seeds 0, 1, 2 as one model (their embeddings side by side), run `final-hand-new`: R@1 86.8, MAP@R 50.0 (%)."
         in text
@@ -526,5 +530,5 @@ def test_the_finals_section_names_the_latest_finished_ensemble_of_the_study(tmp_
     # a final of the race's tie (study.final --members tied) names each candidate with its seed
     tags = {"mlflow.parentRunId": parent.info.run_id, "kind": "final_ensemble", "seeds": "0 1 2", "trials": "4 7 4"}
     client.set_terminated(client.create_run(parent.info.experiment_id, run_name="final-hand-tie", tags=tags).info.run_id)
-    text = report.markdown(report.ensemble_line(client, parent))
+    text = markdown(ensemble_line(client, parent))
     assert r"The final model, the race's tied candidates \#4 (seed 0), \#7 (seed 1), \#4 (seed 2) as one model" in text  # '#' escaped

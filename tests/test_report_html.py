@@ -21,22 +21,12 @@ import mlflow
 import numpy as np
 import pytest
 
-from study import plots, report
-from study.record import StudyRecord
-from study.report import (
-    Bullets,
-    Code,
-    Heading,
-    Image,
-    Paragraph,
-    Preformatted,
-    Strong,
-    Table,
-    curve_marks,
-    html_page,
-    markdown,
-    paper_table,
-)
+from study import plots
+from study.records.curves import curve_marks
+from study.records.study_record import StudyRecord
+from study.report import cli as report
+from study.report.document import Bullets, Code, Heading, Image, Paragraph, Preformatted, Strong, Table, html_page, markdown, md_text
+from study.report.sections import paper_table, pick_section, study_header
 from tests.conftest import recorded_params
 from tests.test_report import write_study_records
 
@@ -150,7 +140,7 @@ def test_blocks_as_markdown_and_as_a_self_contained_html_page(tmp_path):
     ],
 )
 def test_md_text_escapes_what_markdown_reads_as_markup(text, shown):
-    assert report.md_text(text) == shown
+    assert md_text(text) == shown
 
 
 def test_markdown_keeps_text_from_starting_blocks_and_code_whole():
@@ -496,7 +486,7 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
     """A conditional parameter (ice_scale only with loss=ice): in Optuna only where sampled; from MLflow, "None" is absent."""
     import optuna
 
-    from study.search import open_storage
+    from study.search.journal import open_storage
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -571,7 +561,7 @@ def test_study_header_names_the_scheduler_the_study_ran(params, phrase):
         data=SimpleNamespace(params=recorded_params(**recorded), tags={"study_name": "s"}, metrics={}),
         info=SimpleNamespace(status="FINISHED"),
     )
-    header = markdown(report.study_header(parent, StudyRecord.from_params(parent.data.params)))
+    header = markdown(study_header(parent, StudyRecord.from_params(parent.data.params)))
     assert phrase in header and ("ASHA" in phrase) == ("ASHA" in header)
 
 
@@ -585,11 +575,11 @@ def test_the_pick_section_names_the_confirmation_means_and_the_verdict():
         "lead_in_se": 0.5,
         "verdict": "within noise: the lead is 0.5 standard errors; the top candidates are equally good",
     }
-    text = markdown(report.pick_section(record, {5: "trial-5-aa", 6: "trial-6-bb"}))
+    text = markdown(pick_section(record, {5: "trial-5-aa", 6: "trial-6-bb"}))
     lines = text.splitlines()
     assert "| trial-5-aa | 0.9750 ± 0.0009 | 0.9759, 0.9741 |" in lines
     assert "| trial-6-bb | 0.9694 ± 0.0102 | 0.9796, 0.9592 |" in lines
     assert "picked: trial-5-aa" in text and "within noise: the lead is 0.5 standard errors" in text
     # trial-6 had the best single score (0.9796) but not the best mean: the section says why it is not the pick
     assert "best mean" in text
-    assert report.pick_section(None, {}) == []  # a grid, or --confirm-budget 0: nothing raced
+    assert pick_section(None, {}) == []  # a grid, or --confirm-budget 0: nothing raced

@@ -9,7 +9,7 @@ import mlflow
 import optuna
 from mlflow.entities import Metric
 
-from study import artifacts, tracking
+from study.records import artifacts, tracking
 
 
 def as_set(metrics: list) -> set[tuple]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from study import tracking
-from study.trial import CONFIRMS_KEY, FOLD_KEY
+from study.records import tracking
+from study.search.trial import CONFIRMS_KEY, FOLD_KEY
 from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from study import launch, parent, tracking
+from study.launch import cli as launch
+from study.records import parent, tracking
 
 
 @pytest.fixture

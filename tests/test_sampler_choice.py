@@ -9,9 +9,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from study import launch
-from study.search import make_sampler
-from study.spaces import load_space
+from study.launch import cli as launch
+from study.search.searcher import make_sampler
+from study.search.spaces import load_space
 
 
 def test_make_sampler_kinds():

@@ -13,9 +13,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from study.search import OptunaSearcher, open_storage
-from study.spaces import parse_space
-from study.trial import COMPLETE, FAIL, PRUNED, epochs_done, trial_outcome
+from study.search.journal import open_storage
+from study.search.searcher import OptunaSearcher
+from study.search.spaces import parse_space
+from study.search.trial import COMPLETE, FAIL, PRUNED, epochs_done, trial_outcome
 
 METRIC, EPOCHS = "val_recall_at_1", 3
 SEARCHED = {
@@ -310,7 +311,7 @@ def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
 
 # -- the race's re-runs, in the search's own Tuner ---------------------------------------------
 def racing(storage, trials: int, top: int = 3, budget: float = 0.25, folds: int = 5):
-    from study.search import RacingSearcher
+    from study.search.searcher import RacingSearcher
 
     space = parse_space(SEARCHED, "test.yaml")
     optuna.create_study(study_name="c", storage=open_storage(storage), direction="maximize")
@@ -327,7 +328,7 @@ def test_a_top_trial_races_once_no_running_trial_can_push_it_out_of_the_top():
     places, so only the best (b) is sure to stay in the top 3 -> b re-runs on fold 1 first; c waits for d."""
     from ray.tune.search import Searcher
 
-    from study.trial import CONFIRMS_KEY, FOLD_KEY
+    from study.search.trial import CONFIRMS_KEY, FOLD_KEY
 
     searcher = racing(optuna.storages.InMemoryStorage(), trials=5, folds=2)  # one fold to race on: one round
     configs = {tid: searcher.suggest(tid) for tid in "abcde"}
@@ -355,8 +356,8 @@ def test_the_race_runs_round_after_round_drops_the_beaten_and_survives_a_restore
     at 3 folds, drops B and C). The searcher is saved and restored mid-race, as Ray keeps it with the experiment."""
     from ray.tune.search import Searcher
 
-    from study.search import RacingSearcher
-    from study.trial import FOLD_KEY, confirmed_trial
+    from study.search.searcher import RacingSearcher
+    from study.search.trial import FOLD_KEY, confirmed_trial
 
     storage = f"journal:{tmp_path / 'journal.log'}"
     searcher = racing(storage, trials=3, top=3, budget=100.0, folds=4)
@@ -434,7 +435,7 @@ def test_nothing_races_without_a_budget_or_with_one_complete_trial(budget, value
 def test_the_header_names_the_rungs_or_says_there_are_none(kind, epochs, grace, phrase):
     """Rungs by hand: eta 4 from grace 4 of 16 epochs is 4 (then 16); from grace 2, 2 and 8. A grace period of all
     the epochs leaves no rung: the header once said "at budgets  (each ...)"."""
-    from study.schedulers import describe, make_early_stopping
+    from study.search.schedulers import describe, make_early_stopping
 
     stopping = make_early_stopping(kind, epochs, grace, 4, "loss" if kind == "budget" else None)
     assert describe(stopping) == phrase
@@ -448,8 +449,8 @@ def test_the_halving_schedulers_never_judge_a_re_run_nor_rank_others_against_it(
 
     from ray.tune.schedulers import TrialScheduler
 
-    from study.schedulers import make_early_stopping
-    from study.trial import CONFIRMS_KEY
+    from study.search.schedulers import make_early_stopping
+    from study.search.trial import CONFIRMS_KEY
 
     scheduler = make_early_stopping(kind, 4, 1, 2, "loss" if kind == "budget" else None).scheduler
     scheduler.set_search_properties(METRIC, "max")

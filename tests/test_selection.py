@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from study.selection import (
+from study.search.race import (
     BUDGET,
     CLEAR,
     FOLDS,
@@ -24,7 +24,7 @@ from study.selection import (
     selection_record,
     top_complete,
 )
-from study.trial import CONFIRMS_KEY, FOLD_KEY, race_config, race_table
+from study.search.trial import CONFIRMS_KEY, FOLD_KEY, race_config, race_table
 
 
 def sf_df1(t: float) -> float:
@@ -188,7 +188,7 @@ def test_a_selection_record_round_trips_and_an_old_seed_record_still_reads():
     [(0, [1, 3, 2]), (1, [1, 3]), (2, [1]), (3, []), (5, [])],
 )
 def test_rerun_candidates_are_the_trials_no_unfinished_trial_can_push_out_of_the_top(unfinished, expected):
-    from study.selection import rerun_candidates
+    from study.search.race import rerun_candidates
 
     values = {0: 0.90, 1: 0.97, 2: 0.95, 3: 0.96}  # best first: 1, 3, 2, 0
     assert rerun_candidates(values, 3, "max", unfinished) == expected
@@ -196,7 +196,7 @@ def test_rerun_candidates_are_the_trials_no_unfinished_trial_can_push_out_of_the
 
 
 def test_nothing_races_without_a_second_finite_value():
-    from study.selection import rerun_candidates
+    from study.search.race import rerun_candidates
 
     assert rerun_candidates({0: 0.9, 1: float("nan")}, 3, "max") == []
     assert rerun_candidates({0: 0.9, 1: 0.8}, 3, "max") == [0, 1]
@@ -206,7 +206,7 @@ def test_rerun_candidates_stay_in_the_final_top_whatever_the_unfinished_trials_s
     """By brute force: for every outcome of 2 unfinished trials, the candidates are in the final top 3."""
     import itertools
 
-    from study.selection import rerun_candidates
+    from study.search.race import rerun_candidates
 
     values = {0: 0.5, 1: 0.7, 2: 0.6, 3: 0.2}
     settled = rerun_candidates(values, 3, "max", unfinished=2)
@@ -222,7 +222,7 @@ def test_the_study_replays_the_race_on_the_tuners_results():
 
     import optuna
 
-    from study import launch
+    from study.launch import cli as launch
 
     study = optuna.create_study(direction="maximize")
     for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
@@ -239,17 +239,17 @@ def test_the_study_replays_the_race_on_the_tuners_results():
     results.append(outcome(race_config(configs[0], 1, 0), 0.99))  # trial 0 is not a candidate: not counted
     record = SimpleNamespace(confirm_top=3, mode="max", metric="val_recall_at_1", val_folds=5)
     settings = SimpleNamespace(record=record, confirm_budget=0.25, max_epochs=10)  # 40 epochs searched: 10 for the race
-    selection = launch.selection_of(settings, study, results)
+    selection = launch.replay_race(settings, study, results)
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.9475, 0.945
     assert selection.winner.scores == (0.96, 0.96) and selection.ranking[2].scores == (0.97, 0.92)
     assert selection.stopped == BUDGET  # round 2 would make 6 runs of 10 epochs, over 10
     settings.confirm_budget = 0  # a grid, or --confirm-budget 0
-    assert launch.selection_of(settings, study, results) is None
+    assert launch.replay_race(settings, study, results) is None
 
 
 def test_planned_runs_of_a_race_nobody_leaves_by_hand():
-    from study.selection import planned_runs
+    from study.search.race import planned_runs
 
     # the default study at val_fraction 0.2: about 194 epochs searched, 16-epoch re-runs of 3 candidates over 5 folds
     assert planned_runs(3, 5, 0.5, 194, 16) == 6  # round 2: 6 x 16 = 96 <= 97; round 3: 144 > 97
@@ -260,7 +260,7 @@ def test_planned_runs_of_a_race_nobody_leaves_by_hand():
 
 
 def test_the_next_round_starts_early_only_where_no_test_or_budget_can_stop_it():
-    from study.selection import ahead
+    from study.search.race import ahead
 
     first = {1: {0: 0.90, 1: 0.91}, 2: {0: 0.89}, 3: {0: 0.80, 1: 0.81}}  # round 1: 2's re-run still trains
     state = race(first, OPEN)

@@ -23,12 +23,15 @@ import torch
 import yaml
 from PIL import Image
 
-from study import final, pyfunc
+from study.final import cli as final
+from study.final import pyfunc
+from study.final.images import IMAGE_INPUT_RULES, as_uint8_images
+from study.final.serving import serve_commands
 from tests.conftest import omniglot_root, recorded_params
 from tests.test_final import TINY
 from trainables.core.checkpoint import save_bundle
 from trainables.core.config import TrainConfig
-from trainables.core.data import IMAGE_INPUT_RULES, as_uint8_images, synthetic_glyphs
+from trainables.core.data import synthetic_glyphs
 from trainables.core.engine import build_model
 from trainables.core.transforms import preprocess_batch
 
@@ -185,7 +188,7 @@ def test_version_description_names_origin_metrics_and_config():
 
 def test_serve_commands_use_this_environment_and_an_absolute_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    serve, curl = final.serve_commands("sqlite:///runs/mlflow.db", "models:/s1-embedding/2", port=5001)
+    serve, curl = serve_commands("sqlite:///runs/mlflow.db", "models:/s1-embedding/2", port=5001)
     bin_dir = Path(sys.executable).parent
     assert serve.startswith(f'PATH={bin_dir}:"$PATH" MLFLOW_TRACKING_URI=sqlite:///{tmp_path / "runs" / "mlflow.db"} ')
     assert serve.endswith(f"{bin_dir / 'mlflow'} models serve -m models:/s1-embedding/2 --env-manager local -p 5001")

@@ -21,10 +21,11 @@ import optuna
 import pytest
 import yaml
 
-from study import launch
-from study.launch import check_dataset, max_classes_per_batch, parse_args, prepare_space
-from study.spaces import VARIANT, Space, SpaceError, load_space, shipped_spaces
-from study.tracking import UsageError
+from study.inputs import UsageError
+from study.launch import cli as launch
+from study.launch.cli import parse_args
+from study.launch.settings import check_dataset, max_classes_per_batch, prepare_space
+from study.search.spaces import VARIANT, Space, SpaceError, load_space, shipped_spaces
 from trainables.core.config import TrainConfig
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

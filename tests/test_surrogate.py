@@ -18,12 +18,12 @@ import pytest
 import ray
 from ray import tune
 
-from study.launch import LOCAL_RAY_ENV
+from study.ray_session import LOCAL_RAY_ENV
 from tests.conftest import ROOT
 from trainables import surrogate
 from trainables.core import budgets, schedule
 from trainables.core.config import ConfigError, TrainConfig
-from trainables.surrogate import LadderPlace, ladder, surrogate_metrics, train_surrogate
+from trainables.surrogate import LadderPlace, ladder_places, surrogate_metrics, train_surrogate
 
 DEFAULT = TrainConfig.from_dict({})  # heating and the lr drop from 0.75 of the budget: shared_prefix(b) = floor(0.75 b)
 LADDER_KEYS = ("budget", "epoch", "epochs_trained", "completed_budget", "objective_step")
@@ -172,11 +172,11 @@ def test_the_ladder_2_4_8_by_hand():
         (8, 7, 9, 4, None),
         (8, 8, 10, 8, 8),
     ]
-    assert rows(ladder(DEFAULT, [2, 4, 8])) == expected
+    assert rows(ladder_places(DEFAULT, [2, 4, 8])) == expected
     # budgets.py's documented rule: b_1, then b_{i+1} - shared_prefix(b_i) per promotion
     assert expected[-1][2] == 2 + (4 - 1) + (8 - 3)
     # one budget: objective_step every epoch
-    assert rows(ladder(DEFAULT, [3]), single_budget=True) == [(3, 1, 1, 0, 1), (3, 2, 2, 0, 2), (3, 3, 3, 3, 3)]
+    assert rows(ladder_places(DEFAULT, [3]), single_budget=True) == [(3, 1, 1, 0, 1), (3, 2, 2, 0, 2), (3, 3, 3, 3, 3)]
 
 
 class Interrupted(Exception):
@@ -237,7 +237,7 @@ def test_the_ladder_is_fit_budgets_and_resumes_after_every_epoch(torchless_engin
         reported.append((tuple(metrics.get(k) for k in LADDER_KEYS), place_of(state)))
 
     budgets.fit_budgets(config, ladder_budgets, record)
-    mine = list(ladder(config, ladder_budgets))
+    mine = list(ladder_places(config, ladder_budgets))
     assert rows(mine, len(ladder_budgets) == 1) == [keys for keys, _ in reported]
     assert mine == [place for _, place in reported]  # the prefix too: the epoch fit_budgets keeps its prefix bundle at
     total = ladder_budgets[0] + sum(
@@ -260,7 +260,7 @@ def test_the_ladder_is_fit_budgets_and_resumes_after_every_epoch(torchless_engin
         budgets.fit_budgets(config, ladder_budgets, lambda m, s, out=resumed: out.append(place_of(s)), state=state)
         saved = LadderPlace.from_dict(json.loads(json.dumps(mine[stop].to_dict())))  # through the checkpoint's JSON
         assert place_of(state) == saved
-        assert list(ladder(config, ladder_budgets, saved)) == resumed == mine[stop + 1 :]
+        assert list(ladder_places(config, ladder_budgets, saved)) == resumed == mine[stop + 1 :]
 
 
 # -- Ray Tune -----------------------------------------------------------------------------------------------------

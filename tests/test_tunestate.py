@@ -7,7 +7,7 @@ import os
 import pickle
 import shutil
 
-from study import tunestate
+from study.launch import tunestate
 
 
 def write_state(folder, snapshot: str, trials: int) -> None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from mlflow.store.entities import PagedList
 
-from study import utilization as u
+from study.records import utilization as u
 
 
 def test_both_spellings_of_the_timings_map_to_one_name():

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study import console, launch, report
-from study.records import StudySummary
+from study import console
+from study.launch import cli as launch
+from study.records.ending import StudySummary
+from study.report import cli as report
 from tests.conftest import wait_for
 from tests.test_launch import study_records, use_runs
 

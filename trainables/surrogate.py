@@ -235,7 +235,7 @@ class LadderPlace:
         return keys
 
 
-def ladder(config: TrainConfig, budgets: list[int], place: LadderPlace | None = None) -> Iterator[LadderPlace]:
+def ladder_places(config: TrainConfig, budgets: list[int], place: LadderPlace | None = None) -> Iterator[LadderPlace]:
     """The place after each epoch ``fit_budgets`` trains through ``budgets``, in order, resuming after ``place``.
 
     Budget b_i is trained with epochs = b_i; b_{i+1} continues from b_i's epoch ``schedule.shared_prefix`` (from
@@ -309,7 +309,7 @@ def train_surrogate(
     cadence = CheckpointCadence(checkpoint_every_s)
 
     hold = os.environ.get(HOLD_ENV)
-    for place in ladder(train_config, budgets, saved):
+    for place in ladder_places(train_config, budgets, saved):
         while hold and place.epochs_trained > HOLD_AFTER_EPOCHS and os.path.exists(hold):
             time.sleep(0.05)
         started = time.perf_counter()

@@ -20,13 +20,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 # The allowed names of what the registries build (losses.LOSSES, models.NORMALIZATIONS, models.BACKBONES,
-# optimizers.OPTIMIZERS; tests/test_config.py checks each registry's keys against these). They are written here, not
-# read from the registries, because those modules need torch and a study's driver checks configs without it. The
-# datasets are data.DATASETS (no torch).
+# optimizers.OPTIMIZERS, data.DATASETS; tests/test_config.py checks each registry's keys against these). They are written
+# here, not read from the registries: those modules need torch (data: numpy and PIL), a study's driver checks configs
+# without them, and data reads this module.
 LOSS_CHOICES = ("softmax", "ice")
 NORMALIZATION_CHOICES = ("none", "l2", "bn")
 OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
 BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
+DATASET_CHOICES = ("omniglot", "cub200", "cars196", "sop", "inshop", "folder", "synthetic")
 SMALL_CNN_WIDTH = 64  # the channels of small_cnn's conv blocks unless backbone_width says otherwise
 REDUCTION_CHOICES = ("fc", "fc_dropout", "pca")  # 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3
 HEATING_CHOICES = ("none", "two_stage", "linear", "cosine")
@@ -209,8 +210,6 @@ class TrainConfig:
         def bad(key: str, allowed: str) -> ConfigError:
             return ConfigError(f"{source}: {key}={getattr(self, key)!r} is not allowed; expected {allowed}")
 
-        from .data import DATASETS  # here, not at the top: importing config alone stays free of numpy and PIL
-
         for key, choices in (
             ("loss", LOSS_CHOICES),
             ("heating", HEATING_CHOICES),
@@ -221,7 +220,7 @@ class TrainConfig:
             ("optimizer", OPTIMIZER_CHOICES),
             ("backbone", BACKBONE_CHOICES),
             ("embedding_reduction", REDUCTION_CHOICES),
-            ("dataset", tuple(DATASETS)),
+            ("dataset", DATASET_CHOICES),
         ):
             if getattr(self, key) not in choices:
                 raise bad(key, "one of " + ", ".join(choices))

@@ -98,7 +98,7 @@ def preprocess_batch(images: np.ndarray | Sequence[np.ndarray], kind: str, image
     """uint8 images (N, H, W) or (N, H, W, C), or a list of uint8 (H, W) / (H, W, C) images, of any size -> (N, C, S, S).
 
     Gray, RGB and RGBA inputs all fit: :func:`to_tensor` converts them to the
-    model's channels. :func:`as_uint8_images` brings other input to this form.
+    model's channels. :func:`study.final.images.as_uint8_images` brings other input to this form.
     """
     if isinstance(images, np.ndarray):
         if images.dtype != np.uint8 or images.ndim not in (3, 4):

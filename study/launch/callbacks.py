@@ -19,13 +19,13 @@ from typing import Any
 
 from ray.tune import Callback
 
-from study.heap import Releaser
-from study.recorder import TrialRecorder
-from study.records import active_tag, failed_tags
-from study.selection import planned_runs
-from study.tracking import first_error_line
-from study.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
-from study.tunestate import KeepTuneState, drop_checkpoint_links, keep_checkpoint_links
+from study.launch.heap import Releaser
+from study.launch.tunestate import KeepTuneState, drop_checkpoint_links, keep_checkpoint_links
+from study.records.ending import active_tag, failed_tags
+from study.records.tracking import first_error_line
+from study.records.trials import TrialRecorder
+from study.search.race import planned_runs
+from study.search.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from study.final.results import EpochReport, SeedJob, SeedOutput
 from study.interrupts import StopSignals, uninterrupted
-from trainables.core.config import TrainConfig
 
 if TYPE_CHECKING:
-    from trainables.core.engine import Embeddings
+    pass
 
 SEED_RETRIES = 3  # attempts after the first of a seed whose worker or node died (Ray's max_retries)
 # Fault injection for tests: the first seed task to end its second epoch (its first one reported) while this file is
@@ -79,41 +79,6 @@ def cluster_placement(address: str, cpus: float, gpus: float) -> Placement:
     return Placement(parallel=True, address=address, cpus=cpus, gpus=gpus, threads=max(1, int(cpus)))
 
 
-@dataclass(frozen=True)
-class SeedJob:
-    """One seed of one configuration: what its task needs to train and test it."""
-
-    index: int  # in the configuration's seeds: 0 is the config's own seed
-    config: TrainConfig  # with the seed set
-    device: str  # cpu, cuda, cuda:N
-    num_workers: int | None  # None: engine.loader_workers' rule
-    threads: int | None  # torch threads; None: leave torch's default
-    data_root: str | None  # where a task on another node loads the dataset
-
-
-@dataclass(frozen=True)
-class EpochReport:
-    """One epoch of a seed, as its training reported it."""
-
-    index: int
-    epoch: int
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class SeedOutput:
-    """What one seed's training hands the driver to record: no MLflow was touched where it trained."""
-
-    index: int
-    test: dict[str, float]  # the test_* metrics
-    similarity: dict[str, float]  # mean cosine similarity of positive and negative test pairs
-    time_s: float  # training and testing, seconds
-    bundle: dict[str, Any]  # the model's bundle on the CPU (config, weights, kind, image size), for the pyfunc model
-    pictures: dict[str, bytes]  # PNG files by name: the similarity histogram, the retrieval grid, the t-SNE map
-    node: str  # the host it trained on
-    embeddings: Embeddings | None = None  # the test set's (queries, gallery): a seed ensemble's metrics are computed from them
-
-
 Train = Callable[[SeedJob, Any, Callable[[EpochReport], None]], SeedOutput]
 
 
@@ -159,7 +124,7 @@ def session(placement: Placement) -> Iterator[None]:
         yield
         return
     from study import checks
-    from study.launch import ray_session
+    from study.ray_session import ray_session
 
     with ray_session(placement.address, (placement.local_cpus, None)), StopSignals().installed():
         checks.check_cluster_resources(placement.cpus, placement.gpus)
@@ -214,7 +179,7 @@ def seed_stream(job: SeedJob, splits: Any) -> Iterator[EpochReport | SeedOutput]
 
     The training runs in a thread of the task, its epoch callback feeding this generator.
     """
-    from study.final import train_seed  # torch and the engine: imported by the task's worker, never by the driver
+    from study.final.seed import train_seed  # torch and the engine: imported by the task's worker, never by the driver
 
     if splits is None:
         from trainables.core.data import load_dataset

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from study.inputs import free_bytes
-from study.tracking import runs_dir
+from study.records.tracking import runs_dir
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from study.inputs import UsageError
-from study.journal import journal_file
-from study.tracking import is_local_sqlite, sqlite_file
+from study.records.store import is_local_sqlite, sqlite_file
+from study.search.journal import journal_file
 
 
 class StudyLocked(UsageError):

@@ -8,7 +8,6 @@ e.g. at the MLflow server of a cluster's head node.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
@@ -24,6 +23,7 @@ from typing import Any
 import mlflow
 
 from study.inputs import UsageError, parse_yaml, read_yaml, redacted, write_yaml  # noqa: F401  (the commands' former home of some)
+from study.records import store
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
 DEFAULT_EXPERIMENT = "dml-studies"  # where study.launch records a study, and study.sync and study.final --study look
@@ -63,7 +63,7 @@ def runs_dir() -> Path:
     return Path(os.environ.get(RUNS_DIR_ENV, "runs")).expanduser().resolve()
 
 
-def resolve_data_root(flag: str | None) -> str | None:
+def absolute_data_root(flag: str | None) -> str | None:
     """The data root as an absolute path: ``--data-root``, else ``$DML_DATA_ROOT``, else None.
 
     The rule is ``trainables.core.data.resolve_data_root``'s; absolute here because Tune runs each
@@ -80,25 +80,6 @@ def resolve_tracking_uri(flag: str | None) -> str:
     if uri:
         return uri
     return f"sqlite:///{runs_dir() / 'mlflow.db'}"
-
-
-def is_local_sqlite(uri: str) -> bool:
-    return uri.startswith("sqlite:///")
-
-
-def sqlite_file(uri: str) -> Path:
-    """The database file of a local sqlite store (``sqlite:///PATH``, see ``is_local_sqlite``), ``~`` expanded."""
-    return Path(uri.removeprefix("sqlite:///")).expanduser()
-
-
-def read_sqlite(database: Path):
-    """A connection (closed at the end of a ``with``) that reads a local store's sqlite file directly, opened for
-    writing as MLflow opens it (sqlite opens a write-protected file read-only): a writer killed mid-transaction leaves
-    a hot journal that the first reader must roll back, and a read-only connection cannot (SQLITE_READONLY_ROLLBACK,
-    "attempt to write a readonly database": every command failed on such a store, --resume first)."""
-    import sqlite3
-
-    return contextlib.closing(sqlite3.connect(database))
 
 
 def check_writable(folder: str | os.PathLike, what: str, probe_bytes: int = 0) -> Path:
@@ -134,10 +115,10 @@ def check_tracking_uri(uri: str) -> None:
             f"expected sqlite:///PATH/mlflow.db (e.g. sqlite:///{runs_dir() / 'mlflow.db'}) or http(s)://SERVER"
         )
     if scheme == "sqlite":
-        path = uri.removeprefix("sqlite:///") if is_local_sqlite(uri) else ""
+        path = uri.removeprefix("sqlite:///") if store.is_local_sqlite(uri) else ""
         if not path or path == ":memory:" or path.startswith("file:"):
             raise UsageError(f"{what}: an in-memory or unnamed sqlite store keeps nothing; expected sqlite:///PATH/mlflow.db")
-        database = sqlite_file(uri)
+        database = store.sqlite_file(uri)
         check_writable(database.parent, what)
         if database.exists() and (not database.is_file() or not os.access(database, os.R_OK | os.W_OK)):
             raise UsageError(f"{what}: {database} is not a writable file; expected a sqlite database file")
@@ -152,9 +133,7 @@ def check_store(uri: str, what: str) -> None:
     check_writable(runs_dir(), f"{what}: the runs folder (${RUNS_DIR_ENV}, default ./runs)")
     check_tracking_uri(uri)
     check_reachable(uri)
-    from study.relocate import rebind_if_moved  # a local store moved or copied names its new folder from here on
-
-    rebind_if_moved(uri)
+    store.rebind_if_moved(uri)  # a local store moved or copied names its new folder from here on
 
 
 def experiment_artifacts(uri: str, experiment: str) -> str | None:
@@ -164,9 +143,9 @@ def experiment_artifacts(uri: str, experiment: str) -> str | None:
     """
     if not experiment.strip() or any(c in experiment for c in "\0\n\r"):
         raise UsageError(f"--experiment {experiment!r}: expected a non-empty name on one line")
-    if not is_local_sqlite(uri):
+    if not store.is_local_sqlite(uri):
         return None
-    base = (sqlite_file(uri).parent / "artifacts").resolve()
+    base = (store.sqlite_file(uri).parent / "artifacts").resolve()
     location = (base / experiment).resolve()
     if location == base or base not in location.parents:
         raise UsageError(
@@ -324,11 +303,11 @@ def metric_histories(client: mlflow.MlflowClient, run_ids: list[str], keys: list
 
     out: dict[tuple[str, str], list] = {(run_id, key): [] for run_id in run_ids for key in keys}
     uri = str(client.tracking_uri)
-    if not is_local_sqlite(uri) or not sqlite_file(uri).is_file():
+    if not store.is_local_sqlite(uri) or not store.sqlite_file(uri).is_file():
         for run_id, key in out:
             out[run_id, key] = client.get_metric_history(run_id, key)
         return out
-    with read_sqlite(sqlite_file(uri)) as db:
+    with store.read_sqlite(store.sqlite_file(uri)) as db:
         for start in range(0, len(run_ids), 500):
             runs = run_ids[start : start + 500]
             query = (

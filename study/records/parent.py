@@ -16,12 +16,12 @@ from typing import Any
 import mlflow
 from mlflow.entities import Param
 
-from study import tracking
 from study.inputs import UsageError
 from study.interrupts import signal_name
-from study.record import StudyRecord
-from study.recorder import training_runs
-from study.tracking import first_error_line
+from study.records import tracking
+from study.records.study_record import StudyRecord
+from study.records.tracking import first_error_line
+from study.records.trials import training_runs
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from study.trial import epochs_spent
+from study.search.trial import epochs_spent
 
 ALPHA = 0.05  # the race's family-wise error rate per round
 FIRST_TEST = 3  # folds every survivor has before the race's first test (fold 0 and two re-runs)

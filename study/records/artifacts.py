@@ -24,9 +24,9 @@ from optuna.trial import FrozenTrial
 from study import plots
 from study.inputs import write_yaml
 from study.plots import note
-from study.selection import Selection
-from study.tracking import first_error_line
-from study.trial import run_key
+from study.records.tracking import first_error_line
+from study.search.race import Selection
+from study.search.trial import run_key
 from trainables.core.config import TrainConfig, applicable_keys
 
 
@@ -71,7 +71,7 @@ def trials_table(study: optuna.Study, children: dict[str, Any], metric: str, pat
     return path
 
 
-def learning_curves(study: optuna.Study, metric: str, path: Path) -> Path:
+def optuna_learning_curves(study: optuna.Study, metric: str, path: Path) -> Path:
     """The validation metric against epoch for every trial, coloured by the trial's final state."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values]
     series = {f"trial {t.number}": t.intermediate_values for t in trials}
@@ -206,5 +206,5 @@ def study_artifacts(
     paths.append(optuna_plot(out / "optimization_history.png", "optimization history", history))
     paths.append(draw_importances(study, metric, out / "param_importances.png"))
     paths.append(draw_parallel_coordinates(study, metric, out / "parallel_coordinate.png"))
-    paths.append(curves(out / "learning_curves.png") if curves else learning_curves(study, metric, out / "learning_curves.png"))
+    paths.append(curves(out / "learning_curves.png") if curves else optuna_learning_curves(study, metric, out / "learning_curves.png"))
     return paths

@@ -60,7 +60,7 @@ def make_early_stopping(
     """The scheduler ``kind`` (one of SCHEDULERS) for trials of ``max_epochs`` epochs; ``budget`` halves within ``stratify_by``."""
     from ray.tune.schedulers import FIFOScheduler
 
-    from study.halving import StratifiedHalving
+    from study.search.halving import StratifiedHalving
 
     budgets, rungs = ladder(kind, max_epochs, grace_period, reduction_factor)
     if kind == "fifo":

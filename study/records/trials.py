@@ -36,10 +36,10 @@ import mlflow
 import optuna
 from mlflow.entities import Metric, Param, RunTag
 
-from study.journal import open_storage
 from study.lines import Spool
-from study.tracking import child_runs, first_error_line, runs_dir
-from study.utilization import epoch_times
+from study.records.tracking import child_runs, first_error_line, runs_dir
+from study.records.utilization import epoch_times
+from study.search.journal import open_storage
 from trainables.core.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)

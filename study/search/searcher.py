@@ -31,11 +31,11 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from study.journal import open_storage
-from study.record import SAMPLERS
-from study.selection import ahead, race, race_rules, races, rerun_candidates
-from study.spaces import Space
-from study.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
+from study.records.study_record import SAMPLERS
+from study.search.journal import open_storage
+from study.search.race import ahead, race, race_rules, races, rerun_candidates
+from study.search.spaces import Space
+from study.search.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
 
 log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}

@@ -10,7 +10,7 @@ from typing import Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
-from study.trial import confirmed_trial
+from study.search.trial import confirmed_trial
 
 
 class StratifiedHalving(FIFOScheduler):

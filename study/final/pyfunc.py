@@ -2,7 +2,7 @@
 
 ``predict`` takes images and returns l2-normalized float32 embeddings (N, d),
 after the training run's evaluation preprocessing. It reads images as
-:func:`trainables.core.data.as_uint8_images` does: a batch (N, H, W) or
+:func:`study.final.images.as_uint8_images` does: a batch (N, H, W) or
 (N, H, W, C), one image (H, W) or (H, W, C) (a 3-D array whose last axis is 1,
 3 or 4 long is one image with channels; an RGB model refuses (3, H, W) and
 (4, H, W), which read as one channels-first image as well as a batch), or a
@@ -44,9 +44,10 @@ from PIL import Image
 
 import study
 import trainables
+from study.final.images import as_uint8_images
 from trainables.core.checkpoint import CheckpointError, load_bundle, save_bundle
 from trainables.core.config import TrainConfig
-from trainables.core.data import ImageSet, as_uint8_images
+from trainables.core.data import ImageSet
 from trainables.core.engine import Embeddings, build_model, concatenated
 from trainables.core.transforms import preprocess_batch
 

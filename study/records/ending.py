@@ -24,12 +24,12 @@ import optuna
 from mlflow.entities import RunTag
 from optuna.trial import FrozenTrial, TrialState
 
-from study import tracking
-from study.recorder import TrialRecorder, run_name
-from study.selection import Selection, selection_from_record, selection_record
-from study.tracking import child_runs, first_error_line
-from study.trial import FAIL, epochs_spent, run_key
-from study.utilization import Utilization, study_utilization
+from study.records import tracking
+from study.records.tracking import child_runs, first_error_line
+from study.records.trials import TrialRecorder, run_name
+from study.records.utilization import Utilization, study_utilization
+from study.search.race import Selection, selection_from_record, selection_record
+from study.search.trial import FAIL, epochs_spent, run_key
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
 # The tag of a trial's (and a re-run's) MLflow run that lists, comma-separated, the config keys that changed how it trained
@@ -262,7 +262,7 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
 
     Tags and metrics that already hold these values are not written again.
     """
-    from study.artifacts import study_artifacts, tied_configs
+    from study.records.artifacts import study_artifacts, tied_configs
 
     client, parent_id = recorder.client, recorder.parent_run_id
     parent = client.get_run(parent_id)
@@ -281,13 +281,13 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
     trials = read_again(client, trial_runs, changed | set(orphans), recorder.experiment_id, parent_id)
 
     def curves(path: Path) -> Path:
-        from study.artifacts import learning_curves
-        from study.report import draw_learning_curves  # the report's drawing, so that the study holds one
+        from study.records.artifacts import optuna_learning_curves
+        from study.records.curves import draw_learning_curves  # the report's drawing, so that the study holds one
 
         try:
             return draw_learning_curves(client, parent, trials, path)
         except tracking.UsageError:  # a parent run whose params are no study's record: the curves of Optuna's values
-            return learning_curves(study, metric, path)
+            return optuna_learning_curves(study, metric, path)
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = study_artifacts(study, children, Path(tmp), metric, best, curves=curves)

@@ -154,7 +154,7 @@ def epochs_from_mlflow(
     """
     kinds = set(kinds)
     # filtered by parent only: the kinds are checked here (OR in filter strings is not supported by every MLflow store)
-    from study.tracking import all_pages, run_filter
+    from study.records.tracking import all_pages, run_filter
 
     query = {"experiment_ids": [experiment_id], "filter_string": run_filter({"tags.mlflow.parentRunId": parent_run_id})}
     runs = all_pages(client.search_runs, **query)

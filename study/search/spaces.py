@@ -53,7 +53,7 @@ from typing import Any
 
 import optuna
 
-from study.tracking import UsageError, read_yaml
+from study.inputs import UsageError, read_yaml
 from trainables.core.config import FINAL_BUDGET_FACTOR, FLOAT32_MAX, RANGES, ConfigError, TrainConfig, range_problem
 
 TOP_LEVEL = ("description", "fixed", "params", "grid", "variants", "final_budget_factor")
@@ -63,7 +63,7 @@ PARAM_KEYS = {
     "categorical": ("type", "choices", "when"),
 }
 VARIANT = "variant"
-SHIPPED = Path(__file__).resolve().parent.parent / "search_spaces"
+SHIPPED = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 class SpaceError(UsageError):

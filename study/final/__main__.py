@@ -1,0 +1,5 @@
+import sys
+
+from study.final.cli import main
+
+sys.exit(main())

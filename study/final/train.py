@@ -1,0 +1,406 @@
+"""study.final's training and recording: the parent and seed runs, the seeds trained where the placement says,
+their models logged and registered, the seeds as one model, and runs ended KILLED on a signal or FAILED on an error."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import torch
+
+from study import checks, inputs
+from study.final import placement as seeds
+from study.final.placement import EpochReport, Placement, SeedJob, SeedOutput
+from study.final.plan import FinalPlan, make_plan
+from study.final.results import ConfigurationResult, EnsembleResult, FinalResult, SeedResult, summarize
+from study.final.seed import train_seed
+from study.final.serving import served_model
+from study.inputs import UsageError
+from study.interrupts import StudyInterrupted, signal_name, uninterrupted
+from study.records import ending as records
+from study.records import locks, tracking
+from study.records.parent import mark_stopped
+from trainables.core.config import TrainConfig, check_classes_per_batch
+from trainables.core.data import (
+    DatasetSplits,
+    check_retrieval_set,
+    dataset_label,
+    image_size_for,
+    load_dataset,
+)
+from trainables.core.engine import ONE_SHOT_WAYS, Embeddings, build_model, concatenated, default_device, score
+
+log = logging.getLogger(__name__)
+
+
+def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:
+    """Log the seed's model as ``embedding-seed<k>`` in the active MLflow run (its seed run), the test metrics linked to it,
+    and a registered version's description.
+
+    Returns the model's URI and the registered version's (models:/NAME/VERSION, or None).
+    """
+    from study.final.pyfunc import log_embedding_model
+
+    config = TrainConfig.from_dict(output.bundle["config"], source="the seed's model")
+    info = log_embedding_model(output.bundle, example, workdir, name=f"embedding-seed{config.seed}", registered_model_name=register)
+    return info.model_uri, link_metrics(info, {**output.test, **output.similarity}, config, register, origin)
+
+
+def link_metrics(
+    info,
+    test: dict[str, float],
+    config: TrainConfig,
+    register: str | None,
+    origin: str,
+    seeds: list[int] | None = None,
+    tied: list[tuple[int, TrainConfig]] | None = None,
+) -> str | None:
+    """Log ``test`` (the finite values) in the active run, linked to the logged model of ``info``; describe its registered
+    version (one seed's, the ensemble of ``seeds``, or of a study's ``tied`` candidates). Returns models:/NAME/VERSION, or
+    None when not registered."""
+    from study.final.pyfunc import version_description
+
+    linked = {k: v for k, v in test.items() if math.isfinite(v)}
+    mlflow.log_metrics(linked, step=config.epochs, model_id=info.model_id)
+    version = info.registered_model_version
+    if not register or version is None:
+        return None
+    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id, seeds, tied)
+    mlflow.MlflowClient().update_model_version(register, str(version), description=description)
+    return f"models:/{register}/{version}"
+
+
+def placement_of(args: argparse.Namespace, plan: FinalPlan, device: torch.device) -> Placement:
+    """Where the seeds train: tasks of the Ray cluster at --address holding the trials' resources, else as
+    ``seeds.local_placement`` rules for this machine's cores."""
+    if args.address is not None:
+        cpus, gpus = plan.trial_resources
+        cpus = cpus if args.cpus_per_trial is None else args.cpus_per_trial
+        return seeds.cluster_placement(args.address, cpus, gpus if args.gpus_per_trial is None else args.gpus_per_trial)
+    return seeds.local_placement(len(os.sched_getaffinity(0)), plan.seeds, device.type)
+
+
+def resolve_device(flag: str | None) -> torch.device:
+    if flag is None:
+        return default_device()
+    try:
+        return torch.device(flag)
+    except RuntimeError:
+        raise UsageError(f"--device {flag}: not a device; expected cpu, cuda or cuda:N") from None
+
+
+def load_data(plan: FinalPlan, data_root: str | None, download: bool) -> dict[tuple[str, int], DatasetSplits]:
+    """Each dataset of the plan, loaded once, after checking that every configuration can be trained on it.
+
+    The checks are the cheap ones: the batches fill from the dataset's training
+    classes, the test classes give retrieval metrics a value (at least 2 images
+    each), and a weights file given as ``pretrained`` fits the backbone.
+    Returns {(dataset, image_size): splits}.
+    """
+    splits: dict[tuple[str, int], DatasetSplits] = {}
+    weights_checked: set[tuple[str, str, str]] = set()
+    for name, config in plan.configurations:
+        key = (config.dataset, config.image_size)
+        if key not in splits:
+            splits[key] = load_dataset(config.dataset, data_root, config.image_size, download=download)
+            check_retrieval_set(splits[key].test, splits[key].gallery, f"{dataset_label(config.dataset, data_root)}: the test classes")
+        train = splits[key].train
+        check_classes_per_batch(config.classes_per_batch, len(np.unique(train.labels)), config.dataset, plan.source_of(name), "training")
+        if config.pretrained not in ("none", "imagenet") and (config.backbone, config.pretrained, train.kind) not in weights_checked:
+            # a weights file is checked by loading it into the backbone, as training will
+            build_model(config, train.kind, image_size_for(config.dataset, config.image_size))
+            weights_checked.add((config.backbone, config.pretrained, train.kind))
+    return splits
+
+
+def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan, owner: dict[str, str]) -> str:
+    """The parent run's id: the study's (--study), or a new run with the seeds and, for one configuration, its params;
+    ``owner``: the tags naming this process (``locks.owner_tags``)."""
+    if plan.parent_run_id is not None:
+        return plan.parent_run_id
+    tags = {**tracking.reproducibility_tags(), **owner, "kind": "final_grid" if plan.grid else "final"}
+    if plan.grid:
+        tags.update({"study_name": plan.run_name, "space": str(plan.space), "configurations": str(len(plan.configurations))})
+    parent_id = client.create_run(experiment_id, run_name=plan.run_name, tags=tags).info.run_id
+    first = plan.configurations[0][1]
+    params = [mlflow.entities.Param("seeds", ",".join(map(str, plan.seed_values())))]
+    if not plan.grid:
+        params += [mlflow.entities.Param(k, str(v)) for k, v in first.to_dict().items() if k != "seed"]
+    client.log_batch(parent_id, params=params)
+    return parent_id
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how the seed runs train: the MLflow experiment and parent run, the placement, a scratch folder."""
+
+    experiment_id: str
+    parent_id: str
+    placement: Placement
+    device: torch.device  # in the driver and on this machine; a cluster's task trains on CUDA when it holds a GPU
+    num_workers: int | None  # None: engine.loader_workers' rule
+    workdir: Path
+    data_root: str | None  # where a task on a cluster's node loads the dataset
+    owner: dict[str, str]  # the tags naming this process on each run (locks.owner_tags)
+
+
+class SeedRuns:
+    """The driver's side of one configuration's seeds (a ``study.seeds.SeedRecorder``): a child run each, opened as its
+    seed starts, its epochs logged and printed as they come, its output recorded (pictures, model, test metrics)."""
+
+    def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray, started: list[str]) -> None:
+        self.plan, self.name, self.target, self.register, self.example, self.started = plan, name, target, register, example, started
+        self.client = mlflow.MlflowClient()
+        self.run_ids: dict[int, str] = {}
+        self.jobs: dict[int, SeedJob] = {}
+        self.results: dict[int, SeedResult] = {}
+        self.members: dict[int, tuple[dict[str, Any], Embeddings]] = {}  # each seed's bundle and test embeddings, for the ensemble
+
+    def origin(self) -> str:
+        """Where the configuration came from, for a registered version's description."""
+        return f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
+
+    def open_child(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """A child run of the parent (a seed's or the ensemble's) with the common tags, ``tags`` and ``params``; its id,
+        also appended to ``started``."""
+        target = self.target
+        tags = {**tracking.reproducibility_tags(), **target.owner, "mlflow.parentRunId": target.parent_id, **tags}
+        if self.plan.study:
+            tags["study_name"] = self.plan.study
+        if self.plan.grid:
+            tags["configuration"] = self.name
+        run_id = self.client.create_run(target.experiment_id, run_name=run_name, tags=tags).info.run_id
+        self.started.append(run_id)
+        self.client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
+        return run_id
+
+    def start(self, job: SeedJob) -> None:
+        config, trial = job.config, self.plan.seed_trial(job.index)
+        tags = {"kind": "final_seed", "seed": str(config.seed)} | ({"optuna_trial": str(trial)} if trial is not None else {})
+        self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), tags, config.to_dict())
+        self.jobs[job.index] = job
+
+    def epoch(self, report: EpochReport) -> None:
+        metrics, now = report.metrics, int(time.time() * 1000)
+        logged = [
+            mlflow.entities.Metric(k, v, now, report.epoch) for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")
+        ]
+        self.client.log_batch(self.run_ids[report.index], metrics=logged)
+        shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
+        if "alpha_now" in metrics:
+            shown += f"  alpha {metrics['alpha_now']:.2f}"
+        if "test_recall_at_1" in metrics:
+            shown += f"  test R@1 {metrics['test_recall_at_1']:.4f}"
+        config = self.jobs[report.index].config
+        print(
+            f"  seed {config.seed}  epoch {report.epoch:3d}/{config.epochs}  {shown}  "
+            f"lr {metrics['lr_now']:.2e}  ({metrics['time/epoch_s']:.1f} s)",
+            flush=True,
+        )
+
+    def done(self, output: SeedOutput) -> None:
+        """The seed's run gets its pictures, time, model (registered when it is the only seed) and linked test metrics, then
+        ends; with more seeds its bundle and test embeddings are kept for :meth:`ensemble`."""
+        run_id, workdir = self.run_ids[output.index], self.target.workdir
+        origin = self.origin()
+        with killed_on_signal(run_id):
+            mlflow.set_tag("node", output.node)
+            for file, data in output.pictures.items():
+                (workdir / file).write_bytes(data)
+                mlflow.log_artifact(str(workdir / file))
+            mlflow.log_metric("time/total_s", output.time_s)
+            register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
+            model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
+        seed = self.jobs[output.index].config.seed
+        trial = self.plan.seed_trial(output.index)
+        self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri, trial)
+        if self.plan.seeds > 1 and output.embeddings is not None:
+            self.members[output.index] = (output.bundle, output.embeddings)
+
+    def ensemble(self, splits: DatasetSplits, config: TrainConfig) -> EnsembleResult:
+        """The seeds as one model: a child run with the test metrics of their concatenated embeddings and the model."""
+        from study.final.pyfunc import log_embedding_model
+
+        members = [self.members[i] for i in sorted(self.members)]
+        test = score(
+            concatenated([embeddings for _, embeddings in members]), splits.test, splits.gallery,
+            prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
+        )  # fmt: skip
+        configs = [self.jobs[i].config for i in sorted(self.members)]
+        seed_values = [c.seed for c in configs]
+        tags, params = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}, {"ensemble_seeds": len(members)}
+        tied = [(self.plan.seed_trial(i), c) for i, c in zip(sorted(self.members), configs, strict=True)] if self.plan.members else None
+        if tied:
+            tags["trials"] = params["ensemble_trials"] = " ".join(str(trial) for trial, _ in tied)
+        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), **params})
+        with killed_on_signal(run_id):
+            bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
+            info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
+            registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied)
+        width = sum(c.embedding_dim for c in configs)
+        return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
+
+
+@contextlib.contextmanager
+def killed_on_signal(run_id: str) -> Iterator[None]:
+    """The existing run ``run_id`` made active; it ends FINISHED, FAILED on an error, and KILLED (with the signal as
+    ``failure_reason``) when a signal stops the work inside, where MLflow's own context would end it FAILED."""
+    with mlflow.start_run(run_id=run_id):
+        try:
+            yield
+        except KeyboardInterrupt as error:
+            mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
+            mlflow.end_run(status="KILLED")
+            raise
+
+
+def train_configuration(
+    plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None, started: list[str]
+) -> ConfigurationResult:
+    """Train ``config`` over the plan's seeds where the target's placement says, one child run each; the run ids are
+    appended to ``started``."""
+    from study.final.pyfunc import input_example
+
+    placement = target.placement
+    device = ("cuda" if placement.gpus > 0 else "cpu") if placement.address else str(target.device)
+    jobs = [
+        SeedJob(i, plan.seed_config(config, i), device, target.num_workers, placement.threads, target.data_root) for i in range(plan.seeds)
+    ]
+    runs = SeedRuns(plan, name, target, register, input_example(splits.test), started)
+    seeds.train_seeds(jobs, placement, splits, runs, train_seed)
+    results = [runs.results[i] for i in range(plan.seeds)]
+    summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
+    ensemble = runs.ensemble(splits, config) if len(runs.members) > 1 else None
+    if ensemble is not None:
+        summary |= {f"ensemble_{key}": value for key, value in ensemble.test.items()}
+    return ConfigurationResult(name, config, tuple(results), summary, ensemble)
+
+
+def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan, outcomes: list[ConfigurationResult]) -> None:
+    """The parent run's results so far: results.json, and for one configuration the summary as metrics."""
+    if plan.grid:
+        client.log_dict(parent_id, {o.name: o.record() for o in outcomes}, "results.json")
+        return
+    (outcome,) = outcomes
+    for key, value in outcome.summary.items():
+        client.log_metric(parent_id, plan.prefix + key, value)
+    client.log_dict(parent_id, outcome.record(), f"{plan.prefix}results.json")
+
+
+def train_plan(
+    client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target, started: list[str]
+) -> tuple[ConfigurationResult, ...]:
+    """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
+    with uninterrupted():
+        if plan.grid:
+            client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
+        else:
+            config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
+            client.log_artifact(target.parent_id, str(config_file))
+    outcomes: list[ConfigurationResult] = []
+    for index, (name, config) in enumerate(plan.configurations):
+        if plan.grid:
+            print(f"\n[{index + 1}/{len(plan.configurations)}] {name}", flush=True)
+        data = splits[(config.dataset, config.image_size)]
+        outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started))
+        with uninterrupted():
+            record_outcomes(client, target.parent_id, plan, outcomes)
+    return tuple(outcomes)
+
+
+class StoppedWhenDone(StudyInterrupted):
+    """A signal that waited for the last write of a final whose runs had all ended FINISHED."""
+
+
+def run_final(args: argparse.Namespace) -> FinalResult:
+    """Plan, check the input, then train under a parent run; a failure leaves no run RUNNING. A signal stops the
+    training at once, but waits for the end of an MLflow write of the driver (``interrupts.uninterrupted``)."""
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
+    with locks.store_setup_lock(uri):  # --study reads the store: one driver at a time creates or migrates a new one
+        plan = make_plan(args, uri)
+    device = resolve_device(args.device)
+    data_root = tracking.absolute_data_root(args.data_root) or plan.data_root
+    splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
+    with locks.store_setup_lock(uri):
+        experiment_id = tracking.setup(uri, plan.experiment)
+    client = mlflow.MlflowClient(uri)
+    placement = placement_of(args, plan, device)
+    first = plan.configurations[0][1]
+    what = f"{len(plan.configurations)} configurations of {plan.name}" if plan.grid else f"{plan.name}: {first.loss}"
+    shown = "" if placement.address else f", device {device}"
+    print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}{shown}")
+    print(f"the seeds train {placement.describe()}", flush=True)
+    if plan.members:
+        tie = ", ".join(f"Optuna #{plan.seed_trial(i)} (seed {seed})" for i, seed in enumerate(plan.seed_values()))
+        print(f"the study's race could not tell its candidates apart: the seeds train {tie}, as one model (--members pick: the pick alone)")
+    close_abandoned(client, experiment_id)
+    # on a cluster, checks that a node holds one seed's task before any run exists
+    with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
+        owner = locks.owner_tags(lock)
+        parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
+        started: list[str] = []
+        try:
+            with uninterrupted():
+                parent_id = open_parent(client, experiment_id, plan, owner)
+            with tempfile.TemporaryDirectory() as tmp:
+                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner)
+                outcomes = train_plan(client, plan, splits, target, started)
+        except BaseException as error:
+            mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
+            raise
+    try:
+        with uninterrupted():
+            if plan.parent_run_id is None:
+                client.set_terminated(parent_id, status="FINISHED")
+            elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+                note_study_retrained(client, parent_id, outcomes[0])
+    except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
+        raise StoppedWhenDone(error.signum) from None
+    report = plan.study or (plan.run_name if plan.grid else None)
+    return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
+
+
+def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
+    """Runs an earlier ``study.final`` on this host left RUNNING when it was killed (SIGKILL, the machine stopped: no
+    handler ran) end KILLED, with its holder line as the reason: their owner lock (``locks.abandoned``) is no longer
+    held. Runs of a live ``study.final``, or of another host, are left alone. Says how many it closed."""
+    running = tracking.all_pages(
+        client.search_runs,
+        experiment_ids=[experiment_id],
+        filter_string=tracking.run_filter({"attributes.status": "RUNNING", "tags.owner_host": socket.gethostname()}),
+    )
+    by_lock: dict[str, list] = {}  # a study.final's runs (its parent and seeds) share its lock: each lock read once
+    for run in running:
+        by_lock.setdefault(run.data.tags.get("owner_lock", ""), []).append(run)
+    closed = []
+    for lock, runs in by_lock.items():
+        holder = locks.abandoned(lock)
+        if holder is None:
+            continue
+        reason = f"orphaned: the study.final that trained it ({holder}) ended without closing it (killed, or its machine stopped)"
+        tracking.fail_orphans(client, [run.info.run_id for run in runs], reason, status="KILLED")
+        closed += [run.info.run_name for run in runs]
+        Path(lock).unlink(missing_ok=True)  # its runs are closed
+    if closed:
+        print(f"marked KILLED {len(closed)} run(s) an earlier study.final left RUNNING when it was killed: {', '.join(sorted(closed))}")
+
+
+def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
+    """The study's parent run description (``records.with_final``): the retrained pick's test metrics and its model."""
+    note = client.get_run(study_parent_id).data.tags.get(records.NOTE_TAG, "")
+    trials = outcome.ensemble.trials if outcome.ensemble is not None else ()
+    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome), trials)
+    client.set_tag(study_parent_id, records.NOTE_TAG, text)

@@ -1,0 +1,5 @@
+import sys
+
+from study.launch.cli import main
+
+sys.exit(main())

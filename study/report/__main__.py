@@ -1,0 +1,5 @@
+import sys
+
+from study.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,247 @@
+"""The report of the runs study.final made (a study's seeds, a grid's configurations: the papers' table and the
+embedding diagnostics) and the whole report's assembly and writing."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from study import plots
+from study.records import tracking
+from study.records.curves import CURVE_KEYS, PrefetchedHistories, metric_history, trial_key, trial_state
+from study.records.study_record import StudyRecord
+from study.report.document import Block, Bullets, Code, Heading, Image, Paragraph, Table, html_page, markdown
+from study.report.sections import (
+    _final_seed_runs,
+    _mean_over_seeds,
+    _seed_metrics,
+    _slug,
+    best_config,
+    early_stopping,
+    finished_schedules,
+    importance_section,
+    paper_table,
+    parallel_coordinates_section,
+    pick_section,
+    recorded_selection,
+    study_header,
+    study_learning_curves,
+    top_trials,
+)
+from trainables.core.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+CONFIG_KEYS = frozenset(TrainConfig.keys())
+TABLE_METRICS = (
+    ("NMI", "test_nmi"),
+    ("R@1", "test_recall_at_1"),
+    ("R@2", "test_recall_at_2"),
+    ("R@4", "test_recall_at_4"),
+    ("R@8", "test_recall_at_8"),
+    ("MAP@R", "test_map_at_r"),
+)
+
+
+def study_finals(client, parent, out: Path) -> list[Block]:
+    """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
+    name = parent.data.tags["study_name"]
+    finals = _final_seed_runs(client, parent)
+    heading = Heading(2, "Final model on the test classes (study.final --study)")
+    if not finals:
+        return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
+    column = f"best config of {name}"
+    return [
+        heading,
+        *paper_table({column: [_seed_metrics(r) for r in finals]}),
+        *ensemble_line(client, parent),
+        Heading(3, "Embedding diagnostics"),
+        *final_diagnostics(client, {column: finals}, out),
+    ]
+
+
+def ensemble_line(client, parent) -> list[Block]:
+    """The latest finished seeds-as-one-model run of study.final under ``parent`` (the final model), in the table's
+    metrics (%); nothing when there is none (one seed)."""
+    runs = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="final_ensemble")
+    done = [r for r in runs if r.info.status == "FINISHED"]
+    if not done:
+        return []
+    latest = max(done, key=lambda r: r.info.start_time)
+    m = latest.data.metrics
+    shown = ", ".join(f"{label} {100 * m[key]:.1f}" for label, key in TABLE_METRICS if key in m)
+    seeds, trials = latest.data.tags.get("seeds", "").split(), latest.data.tags.get("trials", "").split()
+    members = f"seeds {', '.join(seeds)}"
+    if trials:  # study.final --members tied: seed k trained the k-th candidate of the race's tie
+        members = "the race's tied candidates " + ", ".join(f"#{t} (seed {s})" for t, s in zip(trials, seeds, strict=True))
+    words = f"The final model, {members} as one model (their embeddings side by side), run "
+    return [Paragraph((words, Code(latest.info.run_name), f": {shown} (%)."))]
+
+
+def study_report(client, parent, out: Path, top: int) -> list[str]:
+    """The lines of a study's report.md."""
+    return markdown(study_sections(client, parent, out, top)).splitlines()
+
+
+def study_sections(client, parent, out: Path, top: int) -> list[Block]:
+    """The blocks of a study's report, its PNGs written into ``out``; its settings are its record (study.record)."""
+    record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags['study_name']!r}")
+    metric = record.metric
+    trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
+    client = PrefetchedHistories(client, trials, [metric, *CURVE_KEYS])
+    histories = {trial_key(r): metric_history(client, r.info.run_id, metric) for r in trials}
+    states = {trial_key(r): trial_state(r) for r in trials}
+    budget_rungs = record.scheduler == "budget"
+    selection = recorded_selection(client, parent, out)
+    numbers = {int(r.data.tags["optuna_trial_number"]): trial_key(r) for r in trials if "optuna_trial_number" in r.data.tags}
+    return [
+        *study_header(parent, record),
+        *top_trials(trials, histories, states, metric, record.mode, top),
+        *pick_section(selection, numbers),
+        *best_config(client, parent, out, picked=selection is not None, final_epochs=record.final_epochs),
+        *importance_section(client, parent, record, out),
+        *parallel_coordinates_section(client, parent, record, trials, histories, out),
+        *study_learning_curves(client, record, trials, histories, out),
+        *early_stopping(record, histories, finished_schedules(client, trials, histories) if budget_rungs else None),
+        *study_finals(client, parent, out),
+    ]
+
+
+# -- sections about final runs ---------------------------------------------------------------------------------------
+
+
+def pair_similarity_table(groups: dict[str, list], proxy: dict[str, dict[int, float]]) -> list[Block]:
+    """Per configuration: mean positive / negative pair cosine, their gap, the last mean-proxy norm, time per seed."""
+    header = (
+        "configuration",
+        "positive pair cosine (mean)",
+        "negative pair cosine (mean)",
+        "gap",
+        "final mean-proxy norm",
+        "time per seed",
+    )
+    rows = []
+    for conf, runs in groups.items():
+        m = [r.data.metrics for r in runs]
+        pos = np.mean([x["test_positive_similarity_mean"] for x in m if "test_positive_similarity_mean" in x] or [np.nan])
+        neg = np.mean([x["test_negative_similarity_mean"] for x in m if "test_negative_similarity_mean" in x] or [np.nan])
+        norm = f"{list(proxy[conf].values())[-1]:.3f}" if proxy.get(conf) else "-"
+        seconds = np.mean([x.get("time/total_s", x.get("time_total_s", np.nan)) for x in m])  # the second: records before the rename
+        rows.append((conf, f"{pos:.3f}", f"{neg:.3f}", f"{pos - neg:.3f}", norm, f"{seconds:.0f} s"))
+    return [Table(header, tuple(rows))]
+
+
+def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[Block]:
+    """The pair-similarity histogram of each configuration's first seed, as study.final logged it."""
+    blocks: list[Block] = []
+    for conf, runs in groups.items():
+        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
+        names = [a.path for a in client.list_artifacts(first.info.run_id) if a.path.startswith("similarity_histogram")]
+        if names:
+            target = out / f"similarity_{_slug(conf)}.png"
+            Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
+            blocks.append(Image(target, "pair similarities", caption=f"{conf} (seed {first.data.tags.get('seed')}):"))
+    return blocks
+
+
+def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[Block]:
+    """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
+    proxy = {  # mean_proxy_norm: its name in records written before the train_ prefix
+        conf: _mean_over_seeds(client, runs, "train_mean_proxy_norm") or _mean_over_seeds(client, runs, "mean_proxy_norm")
+        for conf, runs in groups.items()
+    }
+    proxy = {conf: values for conf, values in proxy.items() if values}
+    if proxy:
+        title = "mean-proxy norm over training (mean over seeds)"
+        path = plots.curves(proxy, out / "mean_proxy_norm.png", ylabel="mean-proxy norm ||mean of class weights||", title=title)
+        norm: Block = Image(path, "mean-proxy norm")
+    else:
+        norm = Paragraph("(no softmax-family run: the mean-proxy norm is not defined for ICE)")
+    return [
+        *pair_similarity_table(groups, proxy),
+        norm,
+        *similarity_histograms(client, groups, out),
+        *embedding_section(client, groups, out),
+    ]
+
+
+PICTURES = (  # artifacts of a study.final seed run: (file name prefix, what it shows)
+    ("retrieval_grid", "test queries and their 8 nearest neighbours, wrong classes outlined in red"),
+    ("tsne", "t-SNE map of the test embeddings, one colour per class"),
+)
+
+
+def embedding_section(client, groups: dict[str, list], out: Path) -> list[Block]:
+    """The retrieval grid and the t-SNE map that study.final logged for each configuration's first seed."""
+    blocks: list[Block] = []
+    for conf, runs in groups.items():
+        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
+        logged = [a.path for a in client.list_artifacts(first.info.run_id)]
+        for prefix, caption in PICTURES:
+            names = [name for name in logged if name.startswith(prefix) and name.endswith(".png")]
+            if names:
+                target = out / f"{prefix}_{_slug(conf)}.png"
+                Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
+                blocks += [Paragraph(f"{conf} (seed {first.data.tags.get('seed')}), {caption}:"), Image(target, prefix)]
+    return blocks
+
+
+def grid_report(client, parent, out: Path) -> list[Block]:
+    tags = parent.data.tags
+    seeds = _final_seed_runs(client, parent)
+    groups: dict[str, list] = {}
+    for r in seeds:
+        if r.info.status == "FINISHED":
+            groups.setdefault(r.data.tags.get("configuration", "?"), []).append(r)
+    losses = {conf: _mean_over_seeds(client, runs, "train_loss") for conf, runs in groups.items()}
+    path = plots.curves(
+        {conf: values for conf, values in losses.items() if values},
+        out / "train_loss.png",
+        ylabel="train loss",
+        title="training loss (mean over seeds)",
+    )
+    finished = sum(r.info.status == "FINISHED" for r in seeds)
+    epochs = ", ".join(sorted({r.data.params.get("epochs", "?") for r in seeds}))
+    return [
+        Heading(1, f"{tags['study_name']}: final runs on the test classes"),
+        Bullets(
+            (
+                (
+                    "space: ",
+                    Code(f"{tags.get('space')}"),
+                    f", {tags.get('configurations', len(groups))} configurations, status {parent.info.status}",
+                ),
+                f"{len(seeds)} seed runs ({finished} finished); epochs per run: {epochs}",
+            )
+        ),
+        Heading(2, "Test metrics (the papers' table layout)"),
+        *paper_table({conf: [_seed_metrics(r) for r in runs] for conf, runs in groups.items()}),
+        Heading(2, "Training loss against epoch (mean over seeds)"),
+        Image(path, "training loss"),
+        Heading(2, "Embedding diagnostics"),
+        *final_diagnostics(client, groups, out),
+    ]
+
+
+def write_report(client, parent, out: Path, top: int = 10) -> Path:
+    """report.md and report.html of ``parent`` (a study or a grid of final runs) with their PNGs, in the folder ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    if parent.data.tags.get("kind") == "study":
+        blocks = study_sections(client, parent, out, top)
+    else:
+        blocks = grid_report(client, parent, out)
+    shutil.rmtree(out / "tmp", ignore_errors=True)
+    path = out / "report.md"
+    path.write_text(markdown(blocks))
+    title = parent.data.tags.get("study_name", "report")
+    (out / "report.html").write_text(html_page(blocks, out, title=f"study.report: {title}"))
+    return path
+
+
+# -- report.md and report.html: the blocks rendered ----------------------------------------------------------------------
+
+# Markdown's characters that could start a link or an image ([ ]), inline HTML or an autolink (< >), emphasis, code,
+# strikethrough, math, an entity, a table's cell (|) or a heading's end (#). With [ and ] escaped, ! ( ) start nothing.
