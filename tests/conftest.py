@@ -97,7 +97,7 @@ def write_malicious_pickle(path: Path, target: Path, writer: str = "pickle.dump"
 
 
 def recorded_params(**values) -> dict[str, str]:
-    """A study's parent-run params as study.launch records them (study.record.StudyRecord), with ``values`` changed;
+    """A study's parent-run params as study.launch records them (study.records.study_record.StudyRecord), with ``values`` changed;
     a value of None leaves its param out, as a study recorded before that param existed."""
     from study.records.study_record import StudyRecord
 

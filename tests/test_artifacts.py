@@ -1,4 +1,4 @@
-"""study.artifacts on an in-memory Optuna study, the curve plotter, and imports without side effects."""
+"""study.records.artifacts on an in-memory Optuna study, the curve plotter, and imports without side effects."""
 
 from __future__ import annotations
 

@@ -830,7 +830,7 @@ def test_split_classes_too_few(n, fraction):
     assert_one_line(error, "val_fraction", "at least 2")
 
 
-# -- validation folds (config key val_fold; the race of study.selection) -------------------------------------------
+# -- validation folds (config key val_fold; the race of study.search.race) -------------------------------------------
 
 
 def test_class_folds_are_class_disjoint_seeded_and_fold_0_is_the_studys_split():

@@ -63,7 +63,7 @@ def fill(folder: Path) -> Path:
 
 
 def test_a_full_filesystem_is_told_apart_and_named(tmp_path):
-    """The watch of the study's folders (study.tunestate.check_space) and the driver's one line for it, on a real
+    """The watch of the study's folders (study.launch.tunestate.check_space) and the driver's one line for it, on a real
     full filesystem: the OSError is found inside the TuneError Ray Tune raises for an error in a callback."""
     with small_filesystem(tmp_path / "small", size="2m") as small:
         (small / "ray").mkdir()

@@ -87,7 +87,7 @@ def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
     """What a driver does before and beside its trials, checking every shipped space's configs (TrainConfig) and
     tagging its runs with the library versions, loads no torch, torchvision or faiss (2 to 3 s of every driver's CPU)."""
     code = (
-        "from study.search import spaces; from study.records import tracking; "
+        "from study.search import spaces; from study.records.ending import tracking; "
         "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; result = tracking.reproducibility_tags()"
     )
     modules, tags = loaded_after(code, ("torch", "torchvision", "faiss"))
@@ -111,8 +111,8 @@ def test_a_trial_worker_imports_no_scikit_learn_and_no_torchvision():
 
 @pytest.mark.slow
 def test_seeds_trained_side_by_side_are_recorded_as_one_after_another_even_when_a_worker_dies(tmp_path, runs, capsys, monkeypatch):
-    """Two seeds as tasks of a local Ray (study.seeds); the worker of one dies after reporting its first epoch, as it
-    would with its node (the fault injection of study.seeds). Ray runs that seed again; what is recorded is what one
+    """Two seeds as tasks of a local Ray (study.final.placement); the worker of one dies after reporting its first epoch, as it
+    would with its node (the fault injection of study.final.placement). Ray runs that seed again; what is recorded is what one
     seed after another in the driver recorded: a run per seed with one value per epoch, the parent's mean and spread,
     the pictures, each seed's model named embedding-seed<k>, and the seeds as one model, registered."""
     marker = tmp_path / "lost-a-worker"
@@ -533,7 +533,7 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
 @pytest.mark.parametrize(("signum", "n_seeds"), [(signal.SIGHUP, 1), (signal.SIGTERM, 2)])
 def test_a_stopped_final_leaves_no_run_running(tmp_path, signum, n_seeds):
     """A signal to study.final mid-seed: exit 128 + signum, one line naming the signal, its runs KILLED. One seed
-    trains in the driver; two, on a machine of several cores, as tasks of a local Ray (study.seeds). The handlers
+    trains in the driver; two, on a machine of several cores, as tasks of a local Ray (study.final.placement). The handlers
     treat SIGINT, SIGTERM and SIGHUP alike (tests/test_interrupts.py sends each to them): one case per place a seed
     trains, with a signal Python would otherwise not turn into an exception.
 
@@ -679,7 +679,7 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     assert [line.split()[0] for line in grid.splitlines() if line.startswith("  s1 ") or line.startswith("  b ")] == ["s1", "b"]
 
 
-# -- where the seeds train (study.seeds) and the closing lines ----------------------------------------------------------
+# -- where the seeds train (study.final.placement) and the closing lines ----------------------------------------------------------
 
 
 def test_the_local_rule_trains_the_seeds_side_by_side_on_several_cores_with_a_share_of_the_threads():
@@ -728,9 +728,7 @@ def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(ca
     its GenAI views otherwise); a study's final training (and a grid's) names study.report, a config file's does not."""
     config = TrainConfig.from_dict(TINY)
     seeds_done = (seed_result(0, 0.6, registered="models:/s1-embedding/1"),)
-    only = final.ConfigurationResult(
-        "s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0}
-    )
+    only = final.ConfigurationResult("s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0})
     final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
     out = capsys.readouterr().out
     assert (

@@ -1,4 +1,4 @@
-"""study.heap: the driver's freed heap given back to the operating system, at most every so often."""
+"""study.launch.heap: the driver's freed heap given back to the operating system, at most every so often."""
 
 from __future__ import annotations
 

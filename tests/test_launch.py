@@ -269,7 +269,6 @@ def test_budget_rungs_see_finished_schedules(budget_study):
 def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     import json
 
-
     client, parent, _, study = study_records(budget_study["runs"], "budgets")
     parent = parent[0]
     confirmations = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="confirmation")

@@ -1,4 +1,4 @@
-"""Fast unit tests of what a study records (study/records.py): the trial recorder with its spool, and the end of a study.
+"""Fast unit tests of what a study records (study/records/ending.py): the trial recorder with its spool, and the end of a study.
 
 MLflow is replaced by ``FakeMlflow``, an in-memory client with the calls the recorder makes, which can
 be switched off to act as an unreachable tracking server.
@@ -34,7 +34,7 @@ from trainables.core.config import TrainConfig
 
 
 class FakeMlflow:
-    """The MlflowClient calls of study.records, kept in memory; ``down = True`` makes every call raise."""
+    """The MlflowClient calls of study.records.ending, kept in memory; ``down = True`` makes every call raise."""
 
     def __init__(self) -> None:
         self.runs: dict[str, SimpleNamespace] = {}
@@ -170,7 +170,7 @@ def test_records_wait_in_the_spool_while_mlflow_is_down(tmp_path, mlflow_fake, c
     kept = [json.loads(line) for line in spool.read_text().splitlines()]
     assert [op["op"] for op in kept] == ["result", "result", "complete"] and [op.get("step") for op in kept[:2]] == [1, 2]
     assert [e["event"] for e in recorder.events()] == ["unreachable"]
-    assert "unreachable" in caplog.text  # a warning of study.recorder's logger
+    assert "unreachable" in caplog.text  # a warning of study.records.trials's logger
     assert mlflow_fake.steps(mlflow_fake.trials()["a"]) == []
 
     calls = sum(mlflow_fake.calls.values())

@@ -71,7 +71,7 @@ def test_a_copy_of_a_finished_study_with_its_original_deleted_reports_retrains_a
 
 
 def make_store(folder: Path) -> str:
-    """A store laid out as study.tracking lays it: artifacts beside the database, a study's path params."""
+    """A store laid out as study.records.tracking lays it: artifacts beside the database, a study's path params."""
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("dml-studies", artifact_location=(folder / "artifacts" / "dml-studies").as_uri())

@@ -522,7 +522,7 @@ def test_study_report_parallel_coordinates_only_where_active(tmp_path, runs, wit
         captured.update(groups)
         return real(groups, path, **kwargs)
 
-    plots.family_parallel_coordinates = spy  # the module study.report and study.artifacts draw with
+    plots.family_parallel_coordinates = spy  # the module study.report and study.records.artifacts draw with
     try:
         assert report.main(["--study", "c", "--tracking-uri", uri, "--out", str(tmp_path / "out"), "--no-log"]) == 0
     finally:

@@ -1,4 +1,4 @@
-"""The sampler choice: study.search.make_sampler and study.launch --sampler.
+"""The sampler choice: study.search.searcher.make_sampler and study.launch --sampler.
 
 A searched space gets TPE (the default) or a seeded random sampler; a grid or
 variants space is always walked by Optuna's GridSampler, whatever the choice.

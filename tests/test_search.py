@@ -1,4 +1,4 @@
-"""Fast unit tests of the trial-outcome rule (study/outcome.py) and the Optuna searcher (study/search.py).
+"""Fast unit tests of the trial-outcome rule (study/outcome.py) and the Optuna searcher (study/search/searcher.py).
 
 No Ray cluster: the searcher is driven by hand, as Ray Tune drives it (suggest, on_trial_result per
 epoch, on_trial_complete with the last result), against an in-memory Optuna storage or a journal file.

@@ -1,4 +1,4 @@
-"""The race of the top trials over validation folds (study/selection.py), against hand-computed values.
+"""The race of the top trials over validation folds (study/search/race.py), against hand-computed values.
 
 The t distribution's tail has closed forms for 1 and 2 degrees of freedom, so the p-values here are computed by
 hand: df 1: P(T > t) = 1/2 - atan(t) / pi; df 2: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2.

@@ -1,4 +1,4 @@
-"""Tests of the YAML search spaces (study/spaces.py) and the launcher's checks (study/launch.py).
+"""Tests of the YAML search spaces (study/search/spaces.py) and the launcher's checks (study/launch.py).
 
 References: the shipped spaces are sampled with Optuna's own samplers (random, TPE, grid)
 and every sample must make a valid TrainConfig; the ranges are the papers' (heated-up

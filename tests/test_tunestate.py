@@ -1,4 +1,4 @@
-"""A study's Tune state kept resumable (study/tunestate.py), on state files written by hand."""
+"""A study's Tune state kept resumable (study/launch/tunestate.py), on state files written by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Study utilization (study/utilization.py) against values computed by hand, and its readers on in-memory records."""
+"""Study utilization (study/records/utilization.py) against values computed by hand, and its readers on in-memory records."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_reproducibility_needs_two_runs():
 
 
 def record(stopped: str, verdict: str, p_values: list[float], folds: int = 3, dropped: tuple[int, ...] = ()) -> dict:
-    """A selection record as study.selection.selection_record writes it (only the keys the helpers read); ``dropped``:
+    """A selection record as study.search.race.selection_record writes it (only the keys the helpers read); ``dropped``:
     the runners-up (0: the first) that the race dropped after 1 fold."""
     ranking = [{"trial": 0, "p_value": math.nan, "dropped_after_folds": None}] + [
         {"trial": i + 1, "p_value": p, "dropped_after_folds": 1 if i in dropped else None} for i, p in enumerate(p_values)

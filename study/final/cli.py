@@ -13,7 +13,7 @@ Examples:
   python -m study.final --space paper_ablation --seeds 3      # every variant of a grid space, 3 seeds each
   python -m study.final --study NAME --address auto --gpus-per-trial 1   # each seed a Ray task on a GPU worker
 
-Where the seeds train (study/seeds.py): on a Ray cluster (--address) each seed is a Ray task holding
+Where the seeds train (study/final/placement.py): on a Ray cluster (--address) each seed is a Ray task holding
 --cpus-per-trial CPUs and --gpus-per-trial GPUs, the seeds side by side; on this machine side by side on the
 cores when it has several (each seed's process with its share of torch threads), else one after another.
 """

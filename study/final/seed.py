@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochReport], None]) -> SeedOutput:
-    """Train one seed on all training classes, test it, draw its pictures: in the driver or in a Ray task (study.seeds).
+    """Train one seed on all training classes, test it, draw its pictures: in the driver or in a Ray task (study.final.placement).
 
     Touches no MLflow: the driver records the output (:class:`SeedRuns`). ``time_s`` is training and testing.
     """

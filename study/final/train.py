@@ -157,7 +157,7 @@ class Target:
 
 
 class SeedRuns:
-    """The driver's side of one configuration's seeds (a ``study.seeds.SeedRecorder``): a child run each, opened as its
+    """The driver's side of one configuration's seeds (a ``study.final.placement.SeedRecorder``): a child run each, opened as its
     seed starts, its epochs logged and printed as they come, its output recorded (pictures, model, test metrics)."""
 
     def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray, started: list[str]) -> None:

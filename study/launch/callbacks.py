@@ -3,9 +3,9 @@
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
 (step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
-``study.trial.trial_outcome``), the config keys it trained with (tag ``active_params``: every key is a param) and a
+``study.search.trial.trial_outcome``), the config keys it trained with (tag ``active_params``: every key is a param) and a
 final status (FINISHED, or FAILED with the reason). How the records reach MLflow, and wait while it is away, is
-``study.recorder.TrialRecorder``.
+``study.records.trials.TrialRecorder``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
 class MlflowTrials(Callback):
     """One MLflow child run per trial (see TrialRecorder); the driver is the only writer, from the recorder's writer thread.
 
-    A confirmation re-run (its config names the Optuna trial it re-runs, ``study.trial.CONFIRMS_KEY``) is
+    A confirmation re-run (its config names the Optuna trial it re-runs, ``study.search.trial.CONFIRMS_KEY``) is
     recorded as a ``confirmation`` run with the training config as its params.
     """
 
@@ -189,7 +189,7 @@ def study_epochs_left(
     race: tuple[int, int, float],
 ) -> float:
     """Epochs a study of ``num_samples`` search trials on ``rungs`` still trains, then its race (``race``: candidates,
-    folds, budget; study.selection): the search trials' epochs, ``ended`` and ``running``; the re-runs started and the
+    folds, budget; study.search.race): the search trials' epochs, ``ended`` and ``running``; the re-runs started and the
     epochs of the running ones (``reruns``), and those the race trains if none is dropped (``selection.planned_runs``).
 
     The race's rounds are counted on the search's epochs trained so far, not on its estimate: the budget's rule lets a
@@ -339,7 +339,7 @@ class KeepState(Callback):
 
 class ReleaseMemory(Callback):
     """Gives the driver's freed heap back to the operating system every ``Releaser.every_s`` of Tune's loop
-    (``study.heap``): its memory then grows with what a study holds, not with what it has freed."""
+    (``study.launch.heap``): its memory then grows with what a study holds, not with what it has freed."""
 
     def __init__(self) -> None:
         self.releaser = Releaser()

@@ -39,10 +39,10 @@ from study.launch.tuner import new_tuner, open_study, replay_race, restored_tune
 from study.ray_session import AUTO_LOGGERS_FLAG, cluster_resources, local_ray_env, ray_session
 from study.records import ending as records
 from study.records import locks, parent, tracking
-from study.records.study_record import METRICS, SAMPLERS
+from study.records.study_record import METRICS
 from study.records.tracking import DEFAULT_EXPERIMENT
 from study.records.trials import TrialRecorder, spool_path
-from study.search.schedulers import SCHEDULERS, describe
+from study.search.schedulers import SAMPLERS, SCHEDULERS, describe
 from study.search.spaces import SpaceError
 from trainables.core.config import ConfigError
 from trainables.core.data import (
@@ -106,13 +106,13 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
         metavar="FRACTION",
         help="the race's budget, a share of the epochs the search trained: the top trials re-train on other validation folds "
         "in rounds, the clearly beaten are dropped, until one leads beyond noise or the budget or folds run out "
-        "(study.selection; default 0.6: in the default study, two rounds of 3 and the race's first test; 0: name the "
+        "(study.search.race; default 0.6: in the default study, two rounds of 3 and the race's first test; 0: name the "
         "single best score)",
     )
 
 
 def add_race_flags(a: Callable[..., argparse.Action]) -> None:
-    """Which folds the race of the top trials holds out (study.selection)."""
+    """Which folds the race of the top trials holds out (study.search.race)."""
     a(
         "--race-folds",
         choices=RACE_FOLDS,
@@ -256,7 +256,7 @@ def run_study(settings: StudySettings) -> records.StudySummary:
     """Run the study to its end; returns what ``console.print_study_summary`` prints.
 
     Whatever stops it early leaves its MLflow runs marked stopped (``parent.stopped_on_failure``) and no Ray running;
-    a signal stops it as ``study.interrupts`` says, resumable. A second driver of the same study fails at once (``study.locks``).
+    a signal stops it as ``study.interrupts`` says, resumable. A second driver of the same study fails at once (``study.records.locks``).
     """
     s = settings
     experiment_id = tracking.setup(s.tracking_uri, s.experiment)

@@ -1,7 +1,7 @@
 """The driver's freed heap, given back to the operating system.
 
 A study's driver allocates and frees a great many short-lived blocks: each trial's results as Ray delivers them,
-Tune's snapshots of every trial (serialized, then parsed back by ``study.tunestate``), the MLflow records. glibc's
+Tune's snapshots of every trial (serialized, then parsed back by ``study.launch.tunestate``), the MLflow records. glibc's
 malloc keeps freed memory inside its arenas for reuse, so the driver's resident memory creeps up with the study
 although what it holds grows far less. ``malloc_trim(0)`` hands the arenas' free pages back. Measured side by side
 on 2,000-trial rehearsals (bench/driver_rss.py, docs/scale.md): the driver grew 267 KB a trial during the search

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class StudySettings:
     """Everything a study runs with, resolved once from the command line (with --resume, from the study's record too).
 
-    ``record`` is what the parent run records (study.record); its ``max_concurrent`` is None until the cluster's
+    ``record`` is what the parent run records (study.records.study_record); its ``max_concurrent`` is None until the cluster's
     size is known (``with_slots``), when --max-concurrent is not given.
     """
 
@@ -59,7 +59,7 @@ class StudySettings:
 
     @functools.cached_property
     def early_stopping(self):
-        """The Ray Tune scheduler and the budgets every trial trains through (study.schedulers), built once."""
+        """The Ray Tune scheduler and the budgets every trial trains through (study.search.schedulers), built once."""
         from study.search.schedulers import make_early_stopping
 
         r = self.record
@@ -89,12 +89,12 @@ class StudySettings:
 
     @property
     def confirm_budget(self) -> float:
-        """The race's budget as a share of the search's epochs (study.selection): none on a grid."""
+        """The race's budget as a share of the search's epochs (study.search.race): none on a grid."""
         return 0.0 if self.space.is_grid else self.record.confirm_budget
 
     @property
     def race_plan(self) -> tuple[int, int, float]:
-        """The race's candidates, folds and budget (study.selection.planned_runs): what the progress line's time left counts."""
+        """The race's candidates, folds and budget (study.search.race.planned_runs): what the progress line's time left counts."""
         return self.record.confirm_top, self.record.val_folds, self.confirm_budget
 
     @property

@@ -170,7 +170,7 @@ def fresh_tuner(settings: StudySettings, study: optuna.Study, recorder: TrialRec
 
 
 def replay_race(settings: StudySettings, study: optuna.Study, results) -> Selection | None:
-    """The race of the top complete trials over validation folds (study.selection), replayed on every score: the
+    """The race of the top complete trials over validation folds (study.search.race), replayed on every score: the
     trials' own and their re-runs'; None when nothing raced (a grid, --confirm-budget 0, fewer than two complete
     trials). ``results``: the Tuner's ResultGrid, re-runs included."""
     s = settings

@@ -211,7 +211,7 @@ def drop_checkpoint_links(trial_dir: Path) -> None:
 class KeepTuneState:
     """Copies each new snapshot of a study's Tune state, checking at most every ``every_s`` seconds (the first one as
     soon as Tune has written it), and stops the study on a full disk (``DiskFull``): the Tune callback
-    ``study.callbacks.KeepState`` calls ``maybe_keep`` at each step of Tune's loop.
+    ``study.launch.callbacks.KeepState`` calls ``maybe_keep`` at each step of Tune's loop.
 
     ``watched``: the folders whose free space is watched (default: the experiment folder and the runs folder).
     A resumed study runs the keeper pickled with its Tuner, so attributes added later are read with defaults.

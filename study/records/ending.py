@@ -102,7 +102,7 @@ def finish_study(
 ) -> StudySummary:
     """Writes the kept trial records, best config, trials table, plots and summary metrics to the parent run.
 
-    ``usage`` (``slots``, ``startup_s``, ``since``) adds the study's utilization (study.utilization), read from the
+    ``usage`` (``slots``, ``startup_s``, ``since``) adds the study's utilization (study.records.utilization), read from the
     trial runs logged since ``since``; a sync leaves it out. ``named``: the summary's ``experiment`` and
     ``final_epochs`` (the study's name, tracking URI and parent run are the recorder's).
 

@@ -1,9 +1,9 @@
 """A study's MLflow parent run: created with the study's record, found again, reopened on --resume, stopped.
 
 The parent run (one per study, tags ``kind=study`` and ``study_name``) holds the study's settings as params
-(``study.record.StudyRecord``); its child runs are the trials (``study.recorder``). A study that fails or is
+(``study.records.study_record.StudyRecord``); its child runs are the trials (``study.records.trials``). A study that fails or is
 interrupted leaves no run RUNNING (``stopped_on_failure``). (The Optuna trials a resume does not continue are told
-FAIL by the restored searcher: ``study.search.OptunaSearcher.restore_state``.)
+FAIL by the restored searcher: ``study.search.searcher.OptunaSearcher.restore_state``.)
 """
 
 from __future__ import annotations

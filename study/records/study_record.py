@@ -23,7 +23,6 @@ from study.inputs import UsageError, redacted
 
 # the objective metrics a study can optimize, each with its mode (declared once)
 METRICS = {"val_recall_at_1": "max", "val_map_at_r": "max", "val_nmi": "max", "val_r_precision": "max"}
-SAMPLERS = ("tpe", "random")  # how a searched space is sampled (a grid space is always its grid)
 FIXED_PREFIX = "fixed."  # the space's fixed values are params fixed.<key>
 
 
@@ -71,7 +70,7 @@ class StudyRecord:
     seed: int = recorded(_int, flag=True)
     metric: str = recorded(str, flag=True)
     confirm_top: int = recorded(_int, old=3, flag=True)
-    # the race's budget, a share of the search's epochs (study.selection); a study recorded before the race (it re-ran
+    # the race's budget, a share of the search's epochs (study.search.race); a study recorded before the race (it re-ran
     # its top trials with seeds) resumes without one
     confirm_budget: float = recorded(float, old=0.0, flag=True)
     # which folds the race holds out: "trial" (the split the trials are scored on, config key val_split) or

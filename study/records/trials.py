@@ -44,7 +44,7 @@ from trainables.core.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
-# child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.selection)
+# child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.search.race)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
 # A run's tag "FIRST-LAST": epochs its MLflow run holds from an attempt that was cut short (a killed driver, a trial

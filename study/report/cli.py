@@ -15,7 +15,7 @@ The same files are logged to the parent run under ``report/``, but for the
 plots the study ended with at the run's root (``logged_files``).
 
 The files a study itself ends with (``best_config.yaml``, ``trials.csv``, its
-plots, drawn as the report draws them) are written by ``study.artifacts``.
+plots, drawn as the report draws them) are written by ``study.records.artifacts``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def logged_files(client, parent, folder: Path) -> list[Path]:
     """The report's files that go to the parent run's ``report/``: all but the plots the study ended with at the run's
-    root (``study.artifacts``: the same drawings, from the same records), so that the run holds each plot once.
+    root (``study.records.artifacts``: the same drawings, from the same records), so that the run holds each plot once.
     ``report.html`` embeds every picture; ``report.md`` names them as files beside it, as in the report's folder."""
     held = {a.path for a in client.list_artifacts(parent.info.run_id) if not a.is_dir}
     return [path for path in sorted(folder.iterdir()) if path.is_file() and not (path.suffix == ".png" and path.name in held)]

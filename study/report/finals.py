@@ -87,7 +87,7 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
 
 
 def study_sections(client, parent, out: Path, top: int) -> list[Block]:
-    """The blocks of a study's report, its PNGs written into ``out``; its settings are its record (study.record)."""
+    """The blocks of a study's report, its PNGs written into ``out``; its settings are its record (study.records.study_record)."""
     record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags['study_name']!r}")
     metric = record.metric
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")

@@ -194,7 +194,7 @@ def trained_params(run) -> dict[str, str]:
     """The params of a trial's run that it trained with.
 
     Every config key is a param of the run, defaults included (an ICE trial's ``alpha``, a softmax trial's
-    ``ice_scale``); its tag ``active_params`` (``study.records``) names the keys that applied, and for a run recorded
+    ``ice_scale``); its tag ``active_params`` (``study.records.ending``) names the keys that applied, and for a run recorded
     before that tag they are found from its params as the tag would say. A param that is no config key is always shown.
     """
     tag = run.data.tags.get(records.ACTIVE_PARAMS_TAG)

@@ -1,6 +1,6 @@
-"""Ray Tune's asynchronous successive halving, run apart for each value of one config key (study.schedulers).
+"""Ray Tune's asynchronous successive halving, run apart for each value of one config key (study.search.schedulers).
 
-A study's confirmation re-runs (study.trial) share the search's Tuner: the scheduler lets them train their
+A study's confirmation re-runs (study.search.trial) share the search's Tuner: the scheduler lets them train their
 full budget, and they never enter a rung.
 """
 

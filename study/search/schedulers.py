@@ -16,7 +16,7 @@
   of their full-budget schedule, before heating and the lr decay (the baseline).
 - ``fifo``: no early stopping; every trial trains its full budget.
 
-Neither halving scheduler judges a study's confirmation re-runs (study.halving).
+Neither halving scheduler judges a study's confirmation re-runs (study.search.halving).
 
 This module imports Ray only when a scheduler is built, so that the driver can
 configure the local Ray (study.launch) before anything imports it.
@@ -31,6 +31,7 @@ from typing import Any
 from trainables.core.budgets import rung_budgets
 
 SCHEDULERS = ("budget", "asha", "fifo")
+SAMPLERS = ("tpe", "random")  # how a searched space is sampled (a grid space is always its grid)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Ray's stock ``OptunaSearch`` tells Optuna that a trial ASHA stopped early is
 COMPLETE, with its truncated score, which misleads TPE (a 2-epoch score looks
 like a final one). This searcher reports every epoch's metric as an Optuna
-intermediate value and tells each trial's end as ``study.trial.trial_outcome``
+intermediate value and tells each trial's end as ``study.search.trial.trial_outcome``
 says: COMPLETE with its last value when it ran its full schedule, PRUNED when
 ASHA stopped it, FAIL when it errored or its metric is missing or not finite.
 
@@ -31,9 +31,9 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from study.records.study_record import SAMPLERS
 from study.search.journal import open_storage
 from study.search.race import ahead, race, race_rules, races, rerun_candidates
+from study.search.schedulers import SAMPLERS
 from study.search.spaces import Space
 from study.search.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
 
@@ -180,7 +180,7 @@ class OptunaSearcher(Searcher):
 
 class RacingSearcher(OptunaSearcher):
     """``trials`` trials from Optuna, then the race of the top ``top`` complete ones over validation folds
-    (study.selection): re-runs at the full budget, each on another fold.
+    (study.search.race): re-runs at the full budget, each on another fold.
 
     Round 1 (fold 1) starts for a top trial as soon as it is settled (``rerun_candidates``: no trial still to end can
     push it out of the top ``top``), while the search's last trials run, in the same Tuner and its warm workers.

@@ -372,7 +372,7 @@ def load_space(path: str | Path) -> Space:
     if not path.exists() and path.suffix == "" and (SHIPPED / f"{path}.yaml").is_file():
         path = SHIPPED / f"{path}.yaml"
     try:
-        data = read_yaml(path, "a search space (see study/spaces.py)")
+        data = read_yaml(path, "a search space (see study/search/spaces.py)")
     except SpaceError:
         raise
     except UsageError as error:

@@ -9,8 +9,8 @@ share. A trial is
   trainable reports one; else ``training_iteration``, one report per epoch);
 - PRUNED otherwise: the scheduler (ASHA) stopped it early.
 
-A confirmation re-run (study.selection) is a trial whose config carries ``CONFIRMS_KEY``, the Optuna trial it
-re-runs: the scheduler never judges it (study.halving), the MLflow callback records it as a ``confirmation``
+A confirmation re-run (study.search.race) is a trial whose config carries ``CONFIRMS_KEY``, the Optuna trial it
+re-runs: the scheduler never judges it (study.search.halving), the MLflow callback records it as a ``confirmation``
 run, and ``train_trial``, the study's trainable, trains it on one schedule of its epochs (no ladder).
 
 This module imports neither Ray nor MLflow nor Optuna (``train_trial`` imports the trainable it runs, in the
@@ -53,7 +53,7 @@ def epochs_trained(trial: Any) -> int:
 def run_key(trial: Any) -> str:
     """The ``trial_id`` tag of an Optuna trial's MLflow run: the Tune trial the searcher named for it (user attribute
     ``tune_trial_id``), else ``optuna-<number>`` (the driver was killed inside Optuna's ask, before the searcher could
-    name it: study.records.record_unstarted gives it a run of its own)."""
+    name it: study.records.ending.record_unstarted gives it a run of its own)."""
     return trial.user_attrs.get("tune_trial_id") or f"optuna-{trial.number}"
 
 
@@ -76,7 +76,7 @@ def race_config(config: dict[str, Any], fold: int, number: int, split: str | Non
 
 
 def race_table(values: Mapping[int, float], candidates: list[int], scores: Mapping[tuple[int, int], float]) -> dict[int, dict[int, float]]:
-    """The race's table (study.selection.race): each candidate's own score as fold 0, then its re-runs' by fold."""
+    """The race's table (study.search.race.race): each candidate's own score as fold 0, then its re-runs' by fold."""
     table = {n: {0: float(values[n])} for n in candidates}
     for (n, fold), value in scores.items():
         if n in table:

@@ -88,7 +88,7 @@ def _up_to_float32(low: float, low_open: bool) -> Range:
 
 
 # The range of every integer and float key of TrainConfig: the values its consumer accepts. TrainConfig.from_dict and
-# the search spaces' bounds (study/spaces.py) read them here.
+# the search spaces' bounds (study/search/spaces.py) read them here.
 RANGES: dict[str, Range] = {
     "alpha": _up_to_float32(0, low_open=True),
     "heating_target": _up_to_float32(0, low_open=True),
@@ -113,7 +113,7 @@ RANGES: dict[str, Range] = {
     "val_fraction": Range(0, 1, low_open=True, high_open=True, why="a fraction of the training classes"),
     "val_fold": Range(0, 10_000, why="a fold of the training classes"),
 }
-# study.final trains a study's pick to final_budget_factor x the trials' epochs (study/spaces.py); schedules are
+# study.final trains a study's pick to final_budget_factor x the trials' epochs (study/search/spaces.py); schedules are
 # fractions of the budget, so a far longer budget is no longer the recipe the study scored
 FINAL_BUDGET_FACTOR = Range(1, 100, why="the final model's budget / the trials'")
 
@@ -174,7 +174,7 @@ class TrainConfig:
     # classes (a seeded random val_fraction of them) | alphabets (whole alphabets, about val_fraction)
     val_split: str = "classes"
     # which class-disjoint fold of the training classes is held out (data.validation_split): 0, the fold a study
-    # scores its trials on; a confirmation re-run holds out another (study.selection)
+    # scores its trials on; a confirmation re-run holds out another (study.search.race)
     val_fold: int = 0
 
     @classmethod

@@ -486,7 +486,7 @@ def split_classes(labels: np.ndarray, val_fraction: float, seed: int = 0, fold: 
     The N classes are put in a seeded random order and cut into ``class_folds`` class-disjoint folds of
     n = round(val_fraction x N) consecutive classes each (the last N mod n classes are in no fold: always fit);
     fold f validates on the f-th of them and fits on the rest. Fold 0 is the split every trial of a study is
-    scored on; the others hold out other classes for its confirmation re-runs (study.selection). The split
+    scored on; the others hold out other classes for its confirmation re-runs (study.search.race). The split
     depends only on the classes, the fraction, ``seed`` and ``fold`` (not on a trial's training seed).
     """
     classes = np.unique(labels)
@@ -605,15 +605,3 @@ def check_retrieval_set(images: ImageSet, gallery: ImageSet | None, what: str) -
             f"{what}: {len(lone)} of {len(classes)} classes have a single image ({shown}); expected at least 2 images "
             "per evaluated class (retrieval metrics need another image of the query's class)"
         )
-
-
-
-
-
-
-
-
-
-
-
-
