@@ -23,8 +23,7 @@ import optuna
 
 from study import console, inputs, names
 from study.inputs import UsageError
-from study.records import ending as records
-from study.records import locks, tracking
+from study.records import ending, locks, tracking
 from study.records.parent import study_parent
 from study.records.study_record import StudyRecord
 from study.records.trials import TrialRecorder, spool_path
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         wall_s = float(run.data.metrics.get("wall_time_s", 0.0))
         named = {"experiment": args.experiment, "final_epochs": record.final_epochs}
-        summary = records.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
+        summary = ending.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
     except UsageError as error:
         return inputs.print_error(error)
     console.print_study_summary(dataclasses.replace(summary, uri=inputs.redacted(summary.uri)), record.metric)

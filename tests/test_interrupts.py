@@ -182,7 +182,7 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_a_full_or_read_only_disk_mid_study_ends_in_one_line_naming_the_file_and_the_resume(runs, capsys, monkeypatch, code):
-    def full_disk(settings):
+    def full_disk(settings, experiment_id):
         os.makedirs(settings.experiment_dir)  # mid-study: Tune's experiment folder exists (none: --resume refuses the study)
         raise OSError(code, os.strerror(code), str(runs / "optuna" / "journal.log"))
 

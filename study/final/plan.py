@@ -16,7 +16,6 @@ import mlflow
 
 from study import console, inputs
 from study.inputs import UsageError
-from study.records import tracking
 from study.records.parent import study_parent
 from study.records.study_record import StudyRecord
 from study.records.trials import spool_path
@@ -54,7 +53,6 @@ def study_config(study: str, experiment: str, epochs: int | None, uri: str) -> t
     The epochs are ``epochs`` (--epochs), else the study's ``final_epochs`` param (its space's
     final_budget_factor x the trials' epochs), else the trials' own.
     """
-    tracking.setup(uri, experiment)
     parent = study_parent(uri, experiment, study, "--study")
     if parent.info.status == "RUNNING":  # its pick is not made yet: best_config.yaml is written at the study's end
         raise UsageError(still_running(study, experiment, uri, parent.info.run_id))

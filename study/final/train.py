@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from study import checks, inputs
-from study.final import placement as seeds
+from study.final import placement as placing
 from study.final.placement import EpochReport, Placement, SeedJob, SeedOutput
 from study.final.plan import FinalPlan, make_plan
 from study.final.results import ConfigurationResult, EnsembleResult, FinalResult, SeedResult, summarize
@@ -29,8 +29,7 @@ from study.final.seed import train_seed
 from study.final.serving import served_model
 from study.inputs import UsageError
 from study.interrupts import StudyInterrupted, signal_name, uninterrupted
-from study.records import ending as records
-from study.records import locks, tracking
+from study.records import ending, locks, tracking
 from study.records.parent import mark_stopped
 from trainables.core.config import TrainConfig, check_classes_per_batch
 from trainables.core.data import (
@@ -84,12 +83,12 @@ def link_metrics(
 
 def placement_of(args: argparse.Namespace, plan: FinalPlan, device: torch.device) -> Placement:
     """Where the seeds train: tasks of the Ray cluster at --address holding the trials' resources, else as
-    ``seeds.local_placement`` rules for this machine's cores."""
+    ``placing.local_placement`` rules for this machine's cores."""
     if args.address is not None:
         cpus, gpus = plan.trial_resources
         cpus = cpus if args.cpus_per_trial is None else args.cpus_per_trial
-        return seeds.cluster_placement(args.address, cpus, gpus if args.gpus_per_trial is None else args.gpus_per_trial)
-    return seeds.local_placement(len(os.sched_getaffinity(0)), plan.seeds, device.type)
+        return placing.cluster_placement(args.address, cpus, gpus if args.gpus_per_trial is None else args.gpus_per_trial)
+    return placing.local_placement(len(os.sched_getaffinity(0)), plan.seeds, device.type)
 
 
 def resolve_device(flag: str | None) -> torch.device:
@@ -279,7 +278,7 @@ def train_configuration(
         SeedJob(i, plan.seed_config(config, i), device, target.num_workers, placement.threads, target.data_root) for i in range(plan.seeds)
     ]
     runs = SeedRuns(plan, name, target, register, input_example(splits.test), started)
-    seeds.train_seeds(jobs, placement, splits, runs, train_seed)
+    placing.train_seeds(jobs, placement, splits, runs, train_seed)
     results = [runs.results[i] for i in range(plan.seeds)]
     summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
     ensemble = runs.ensemble(splits, config) if len(runs.members) > 1 else None
@@ -335,7 +334,7 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     data_root = tracking.absolute_data_root(args.data_root) or plan.data_root
     splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
     with locks.store_setup_lock(uri):
-        experiment_id = tracking.setup(uri, plan.experiment)
+        experiment_id = tracking.setup(uri, plan.experiment)  # once per command, after every input check
     client = mlflow.MlflowClient(uri)
     placement = placement_of(args, plan, device)
     first = plan.configurations[0][1]
@@ -348,7 +347,7 @@ def run_final(args: argparse.Namespace) -> FinalResult:
         print(f"the study's race could not tell its candidates apart: the seeds train {tie}, as one model (--members pick: the pick alone)")
     close_abandoned(client, experiment_id)
     # on a cluster, checks that a node holds one seed's task before any run exists
-    with seeds.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
+    with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
         owner = locks.owner_tags(lock)
         parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
         started: list[str] = []
@@ -399,8 +398,8 @@ def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
 
 
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
-    """The study's parent run description (``records.with_final``): the retrained pick's test metrics and its model."""
-    note = client.get_run(study_parent_id).data.tags.get(records.NOTE_TAG, "")
+    """The study's parent run description (``ending.with_final``): the retrained pick's test metrics and its model."""
+    note = client.get_run(study_parent_id).data.tags.get(ending.NOTE_TAG, "")
     trials = outcome.ensemble.trials if outcome.ensemble is not None else ()
-    text = records.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome), trials)
-    client.set_tag(study_parent_id, records.NOTE_TAG, text)
+    text = ending.with_final(note, outcome.summary, len(outcome.seeds), outcome.config.epochs, served_model(outcome), trials)
+    client.set_tag(study_parent_id, ending.NOTE_TAG, text)

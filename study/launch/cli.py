@@ -37,8 +37,7 @@ from study.launch import heap, tunestate
 from study.launch.settings import RACE_FOLDS, StudySettings, given_flags, study_settings
 from study.launch.tuner import new_tuner, open_study, replay_race, restored_tuner
 from study.ray_session import AUTO_LOGGERS_FLAG, cluster_resources, local_ray_env, ray_session
-from study.records import ending as records
-from study.records import locks, parent, tracking
+from study.records import ending, locks, parent, tracking
 from study.records.study_record import METRICS
 from study.records.tracking import DEFAULT_EXPERIMENT
 from study.records.trials import TrialRecorder, spool_path
@@ -252,14 +251,14 @@ def print_header(s: StudySettings) -> None:
     )
 
 
-def run_study(settings: StudySettings) -> records.StudySummary:
-    """Run the study to its end; returns what ``console.print_study_summary`` prints.
+def run_study(settings: StudySettings, experiment_id: str) -> ending.StudySummary:
+    """Run the study to its end in MLflow experiment ``experiment_id`` (``tracking.setup``'s, once per command); returns
+    what ``console.print_study_summary`` prints.
 
     Whatever stops it early leaves its MLflow runs marked stopped (``parent.stopped_on_failure``) and no Ray running;
     a signal stops it as ``study.interrupts`` says, resumable. A second driver of the same study fails at once (``study.records.locks``).
     """
     s = settings
-    experiment_id = tracking.setup(s.tracking_uri, s.experiment)
     client = mlflow.MlflowClient(s.tracking_uri)
     with locks.study_lock(locks.lock_folder(s.record.optuna_storage, tracking.runs_dir()), s.name):
         parent_id = parent.existing_parent(client, experiment_id, s.name, resume=s.resume, experiment=s.experiment)
@@ -270,7 +269,7 @@ def run_study(settings: StudySettings) -> records.StudySummary:
             s = s.with_slots(cluster_resources())
             with stops.deferred():  # no half-created study
                 study, parent_id = open_study(s, client, experiment_id, parent_id)
-                records.describe_optuna_study(study, parent_id, s.space.path, s.record.metric)
+                ending.describe_optuna_study(study, parent_id, s.space.path, s.record.metric)
             started = time.time()
             usage = {"slots": s.slots, "startup_s": started - ray_started, "since": started}  # Ray's start-up apart
             with parent.stopped_on_failure(client, experiment_id, parent_id):
@@ -293,7 +292,7 @@ def run_study(settings: StudySettings) -> records.StudySummary:
                 with stops.deferred():
                     wall_s = time.time() - started
                     named = {"experiment": s.experiment, "final_epochs": s.record.final_epochs}
-                    return records.finish_study(study, recorder, s.record.metric, s.record.mode, wall_s, selection, usage, **named)
+                    return ending.finish_study(study, recorder, s.record.metric, s.record.mode, wall_s, selection, usage, **named)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,13 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         with locks.store_setup_lock(tracking.resolve_tracking_uri(args.tracking_uri)):  # one driver migrates a new store
             settings = study_settings(args)
-            tracking.setup(settings.tracking_uri, settings.experiment)
+            experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
         local_ray_env(settings.address)
         import ray  # noqa: F401  (its import installs the console handler that library_output_to replaces)
 
         with console.library_output_to(console.log_path(settings.name)):
             inputs.redact_logs()
-            outcome = run_study(settings)
+            outcome = run_study(settings, experiment_id)
     except INPUT_ERRORS as error:
         return inputs.print_error(error)
     except NothingToRun:

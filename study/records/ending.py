@@ -24,6 +24,7 @@ import optuna
 from mlflow.entities import RunTag
 from optuna.trial import FrozenTrial, TrialState
 
+from study import inputs
 from study.records import tracking
 from study.records.tracking import child_runs, first_error_line
 from study.records.trials import TrialRecorder, run_name
@@ -286,7 +287,7 @@ def write_study_records(study: optuna.Study, recorder: TrialRecorder, metric: st
 
         try:
             return draw_learning_curves(client, parent, trials, path)
-        except tracking.UsageError:  # a parent run whose params are no study's record: the curves of Optuna's values
+        except inputs.UsageError:  # a parent run whose params are no study's record: the curves of Optuna's values
             return optuna_learning_curves(study, metric, path)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ from typing import Any
 
 import mlflow
 
-from study.inputs import UsageError, parse_yaml, read_yaml, redacted, write_yaml  # noqa: F401  (the commands' former home of some)
+from study.inputs import UsageError, redacted
 from study.records import store
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"

@@ -92,13 +92,13 @@ def out_folder(flag: str | None, study: str) -> Path:
         base = tracking.runs_dir() / "reports"
         out = (base / study).resolve()
         if out.parent != base.resolve():
-            raise tracking.UsageError(f"--study {study!r}: not usable as a folder name under {base}; pass --out DIR")
+            raise inputs.UsageError(f"--study {study!r}: not usable as a folder name under {base}; pass --out DIR")
         return out
     out = Path(flag).expanduser()
     if out.exists() and not out.is_dir():
-        raise tracking.UsageError(f"--out {out}: exists and is not a folder; expected a folder (or a path to create)")
+        raise inputs.UsageError(f"--out {out}: exists and is not a folder; expected a folder (or a path to create)")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise tracking.UsageError(
+        raise inputs.UsageError(
             f"--out {out}: a non-empty folder that study.report did not write; expected a new or empty folder, or a previous report's"
         )
     return out
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         parent = find_parent(client, args.study, args.experiment)
         out = out_folder(args.out, args.study)
         out.mkdir(parents=True, exist_ok=True)
-    except tracking.UsageError as error:
+    except inputs.UsageError as error:
         return inputs.print_error(error)
     # The report is written into a fresh folder of its own, so its clean-up and the upload below see only its files.
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in logged_files(client, parent, staging):
                 client.log_artifact(parent.info.run_id, str(path), artifact_path="report")
         publish(staging, out)
-    except tracking.UsageError as error:  # a parent run that holds no study's record
+    except inputs.UsageError as error:  # a parent run that holds no study's record
         return inputs.print_error(error)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from study import plots
-from study.records import artifacts, tracking
-from study.records import ending as records
+from study import inputs, plots
+from study.records import artifacts, ending, tracking
 from study.records.curves import draw_study_curves, metric_history, schedule_ends, study_rungs, trial_key, trial_state
 from study.records.study_record import StudyRecord
 from study.report.document import Block, Bullets, Code, Heading, Image, Inline, Paragraph, Preformatted, Strong, Table
@@ -129,7 +128,7 @@ def find_parent(client, name: str, experiment: str | None):
     if experiment:
         found = client.get_experiment_by_name(experiment)
         if found is None:
-            raise tracking.UsageError(f"--experiment {experiment}: no such MLflow experiment")
+            raise inputs.UsageError(f"--experiment {experiment}: no such MLflow experiment")
         ids = [found.experiment_id]
     else:
         ids = [e.experiment_id for e in tracking.all_pages(client.search_experiments)]
@@ -142,7 +141,7 @@ def find_parent(client, name: str, experiment: str | None):
     ]
     parents.sort(key=lambda run: run.info.start_time, reverse=True)
     if not parents:
-        raise tracking.UsageError(
+        raise inputs.UsageError(
             f"--study {name}: no study or grid of final runs of that name"
             + (f" in experiment {experiment!r}" if experiment else "")
             + "; expected the --study-name of study.launch or the name of a study.final --space run"
@@ -197,8 +196,8 @@ def trained_params(run) -> dict[str, str]:
     ``ice_scale``); its tag ``active_params`` (``study.records.ending``) names the keys that applied, and for a run recorded
     before that tag they are found from its params as the tag would say. A param that is no config key is always shown.
     """
-    tag = run.data.tags.get(records.ACTIVE_PARAMS_TAG)
-    active = tag.split(",") if tag is not None else records.active_params(run.data.params)
+    tag = run.data.tags.get(ending.ACTIVE_PARAMS_TAG)
+    active = tag.split(",") if tag is not None else ending.active_params(run.data.params)
     if active is None:
         return dict(run.data.params)
     return {k: v for k, v in run.data.params.items() if k in active or k not in CONFIG_KEYS}
