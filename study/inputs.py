@@ -7,6 +7,7 @@ bombs, no key given twice. This module imports neither MLflow, Ray nor torch.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -188,3 +189,10 @@ def write_yaml(path: str | os.PathLike, data: Any) -> Path:
     path = Path(path)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> frozenset[str]:
+    """The flags the command line sets itself, defaults aside (``--resume`` takes the others from the study)."""
+    unset = object()
+    probe = argparse.Namespace(**{dest: unset for dest in vars(parser.parse_args([]))})
+    return frozenset(dest for dest, value in vars(parser.parse_args(argv, probe)).items() if value is not unset)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from study import inputs
-from study.launch import cli as launch
 from study.launch import tunestate
+from study.launch.run import DISK_ERRORS
 from tests.conftest import wait_for
 from tests.test_rehearsal import assert_recorded_once
 from tests.test_resume import epochs_logged, run_driver, start_driver
@@ -77,11 +77,11 @@ def test_a_full_filesystem_is_told_apart_and_named(tmp_path):
             except OSError:
                 raise RuntimeError("TuneError: Traceback ...") from None  # as Tune raises it: the cause only as context
         except RuntimeError as wrapped:
-            found = inputs.disk_error(wrapped, launch.DISK_ERRORS)
+            found = inputs.disk_error(wrapped, DISK_ERRORS)
         assert found is full.value
         line = inputs.disk_error_line(found, [str(tmp_path)])
         assert line == f"{small / 'ray'}: No space left on device (0 bytes free on its filesystem)"
-        assert inputs.disk_error(ValueError("x"), launch.DISK_ERRORS) is None
+        assert inputs.disk_error(ValueError("x"), DISK_ERRORS) is None
 
 
 def study_env(runs: Path) -> dict[str, str]:

@@ -29,6 +29,7 @@ from study.final import train as final_train
 from study.final.plan import make_plan
 from study.final.results import EnsembleResult, SeedResult, summarize
 from study.final.train import load_data, placement_of
+from study.launch.settings import study_settings
 from tests.conftest import ROOT, omniglot_root, wait_for
 from trainables.core.config import TrainConfig
 
@@ -523,7 +524,7 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 4}, "final_budget_factor": 2.5, "params": {"lr": lr}}))
 
     def final_epochs(*argv):
-        return launch.study_settings(launch.parse_args(list(argv))).record.final_epochs
+        return study_settings(launch.parse_args(list(argv))).record.final_epochs
 
     assert final_epochs("--space", str(space)) == 10
     assert final_epochs("--space", str(space), "--epochs", "3") == 8  # 7.5, half up

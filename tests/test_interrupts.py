@@ -16,6 +16,7 @@ import pytest
 
 from study.interrupts import StopSignals, StudyInterrupted, exit_code, signal_name
 from study.launch import cli as launch
+from study.launch import run as launch_run
 from tests.conftest import ROOT, wait_for
 from tests.test_launch import study_records
 from tests.test_resume import start_driver
@@ -186,7 +187,7 @@ def test_a_full_or_read_only_disk_mid_study_ends_in_one_line_naming_the_file_and
         os.makedirs(settings.experiment_dir)  # mid-study: Tune's experiment folder exists (none: --resume refuses the study)
         raise OSError(code, os.strerror(code), str(runs / "optuna" / "journal.log"))
 
-    monkeypatch.setattr(launch, "run_study", full_disk)
+    monkeypatch.setattr(launch_run, "run_study", full_disk)
     assert launch.main(["--space", "smoke", "--study-name", "full"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"journal.log: {os.strerror(code)}" in err and "--study-name full --resume" in err

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from study.launch import cli as launch
-from study.launch.settings import shared_storage_note
+from study.launch.settings import shared_storage_note, study_settings
 from study.launch.tuner import restore_tuner
 from study.records import tracking
 from study.records import trials as recorder
@@ -210,7 +210,7 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     """--resume without --space / --epochs continues with the study's own, read back from its parent run's params."""
     from study.records import parent, tracking
 
-    started = launch.study_settings(launch.parse_args(["--space", "smoke", "--epochs", "3", "--study-name", "earlier"]))
+    started = study_settings(launch.parse_args(["--space", "smoke", "--epochs", "3", "--study-name", "earlier"]))
     uri = tracking.resolve_tracking_uri(None)
     experiment_id = tracking.setup(uri, "dml-studies")
     recorded = started.with_slots({"CPU": 2.0}).record.to_params()
@@ -218,7 +218,7 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     (runs / "ray" / "earlier").mkdir(parents=True)
 
     args = launch.parse_args(["--resume", "--study-name", "earlier"])
-    resumed = launch.study_settings(args)
+    resumed = study_settings(args)
     assert resumed.space.path == started.space.path and resumed.space.path.endswith("smoke.yaml")
     assert resumed.max_epochs == resumed.space.fixed["epochs"] == 3  # not the space file's 4
     assert resumed.resume and resumed.experiment_dir == str(runs / "ray" / "earlier")
@@ -226,7 +226,7 @@ def test_resumed_settings_come_from_the_parent_run_and_leave_args_alone(runs):
     with pytest.raises(dataclasses.FrozenInstanceError):
         resumed.max_epochs = 4
     with pytest.raises(launch.UsageError, match="--epochs 2: study earlier runs with 3"):  # a changed setting is refused
-        launch.study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"]))
+        study_settings(launch.parse_args(["--resume", "--study-name", "earlier", "--epochs", "2"]))
 
 
 # -- the default scheduler: budget-aware successive halving, then confirmation runs -------------------

@@ -6,6 +6,7 @@ import mlflow
 import pytest
 
 from study.launch import cli as launch
+from study.launch.settings import study_settings
 from study.records import parent, tracking
 
 
@@ -13,7 +14,7 @@ from study.records import parent, tracking
 def recorded_study(runs):
     """A study's parent run and Tune folder as a launch leaves them (no trials: these tests stop before any)."""
     argv = ["--space", "smoke", "--study-name", "s", "--seed", "3", "--epochs", "6", "--num-samples", "5", "--confirm-budget", "0"]
-    settings = launch.study_settings(launch.parse_args(argv))
+    settings = study_settings(launch.parse_args(argv))
     experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
     client = mlflow.MlflowClient(settings.tracking_uri)
     recorded = settings.with_slots({"CPU": 2.0})  # the study's start, on a 2-CPU Ray
@@ -42,7 +43,7 @@ def test_resume_refuses_a_changed_setting_in_one_line(recorded_study, capsys, fl
 
 
 def test_resume_takes_the_settings_the_command_line_leaves_out_from_the_study(recorded_study):
-    settings = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--epochs", "6"]))
+    settings = study_settings(launch.parse_args(["--study-name", "s", "--resume", "--epochs", "6"]))
     record = settings.record
     assert (record.seed, settings.max_epochs, record.num_samples, record.confirm_budget) == (3, 6, 5, 0)
     assert settings.space.name == "smoke"
@@ -60,8 +61,8 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(recorded_study, c
 
 def test_max_concurrent_defaults_to_what_the_cluster_holds(runs):
     resources = {"CPU": 3.0, "memory": 1e9}  # the running cluster's resources
-    settings = launch.study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"])).with_slots(resources)
-    given = launch.study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"])).with_slots(resources)
+    settings = study_settings(launch.parse_args(["--space", "smoke", "--cpus-per-trial", "0.5"])).with_slots(resources)
+    given = study_settings(launch.parse_args(["--space", "smoke", "--max-concurrent", "7"])).with_slots(resources)
     assert settings.slots == 6  # 3 CPUs / 0.5 per trial
     assert given.slots == 7  # as given: an autoscaling cluster may grow to it
     assert settings.record.to_params()["max_concurrent"] == "6"  # what --resume continues with
@@ -73,13 +74,13 @@ def test_resume_finds_the_study_in_the_stores_it_recorded(runs, tmp_path):
     journal, storage = tmp_path / "elsewhere" / "journal.log", tmp_path / "checkpoints"
     journal.parent.mkdir()
     argv = ["--space", "smoke", "--study-name", "s", "--optuna-storage", f"journal:{journal}", "--storage-path", str(storage)]
-    settings = launch.study_settings(launch.parse_args(argv))
+    settings = study_settings(launch.parse_args(argv))
     client = mlflow.MlflowClient(settings.tracking_uri)
     experiment_id = tracking.setup(settings.tracking_uri, settings.experiment)
     parent.create_parent_run(client, experiment_id, "s", settings.space.path, settings.with_slots({"CPU": 2.0}).record.to_params())
     (storage / "s").mkdir(parents=True)
-    resumed = launch.study_settings(launch.parse_args(["--study-name", "s", "--resume"]))
+    resumed = study_settings(launch.parse_args(["--study-name", "s", "--resume"]))
     assert (resumed.record.optuna_storage, resumed.record.storage_path) == (f"journal:{journal}", str(storage))
     assert resumed.experiment_dir == str(storage / "s")
     with pytest.raises(launch.UsageError, match="--optuna-storage journal:.*: study s runs with journal:"):
-        launch.study_settings(launch.parse_args(["--study-name", "s", "--resume", "--optuna-storage", f"journal:{tmp_path / 'x.log'}"]))
+        study_settings(launch.parse_args(["--study-name", "s", "--resume", "--optuna-storage", f"journal:{tmp_path / 'x.log'}"]))

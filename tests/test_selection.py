@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from study.launch.tuner import replay_race
 from study.search.race import (
     BUDGET,
     CLEAR,
@@ -222,7 +223,6 @@ def test_the_study_replays_the_race_on_the_tuners_results():
 
     import optuna
 
-    from study.launch import cli as launch
 
     study = optuna.create_study(direction="maximize")
     for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
@@ -239,13 +239,13 @@ def test_the_study_replays_the_race_on_the_tuners_results():
     results.append(outcome(race_config(configs[0], 1, 0), 0.99))  # trial 0 is not a candidate: not counted
     record = SimpleNamespace(confirm_top=3, mode="max", metric="val_recall_at_1", val_folds=5)
     settings = SimpleNamespace(record=record, confirm_budget=0.25, max_epochs=10)  # 40 epochs searched: 10 for the race
-    selection = launch.replay_race(settings, study, results)
+    selection = replay_race(settings, study, results)
     assert study.user_attrs["selection"]["ranking"][0]["trial"] == 3  # kept in the Optuna storage for study.sync
     assert [c.key for c in selection.ranking] == [3, 2, 1]  # means 0.96, 0.9475, 0.945
     assert selection.winner.scores == (0.96, 0.96) and selection.ranking[2].scores == (0.97, 0.92)
     assert selection.stopped == BUDGET  # round 2 would make 6 runs of 10 epochs, over 10
     settings.confirm_budget = 0  # a grid, or --confirm-budget 0
-    assert launch.replay_race(settings, study, results) is None
+    assert replay_race(settings, study, results) is None
 
 
 def test_planned_runs_of_a_race_nobody_leaves_by_hand():

@@ -22,7 +22,13 @@ from study.records.study_record import flag_names as record_flag_names
 from study.search.journal import journal_file
 from study.search.race import races
 from study.search.schedulers import ladder
-from study.search.spaces import Space, SpaceError, load_space, parse_space, resolve_pretrained
+from study.search.spaces import (
+    Space,
+    SpaceError,
+    load_space,
+    parse_space,
+    resolve_pretrained,
+)
 from trainables.core.config import ConfigError, TrainConfig, check_classes_per_batch
 from trainables.core.data import (
     ImageSet,
@@ -219,9 +225,6 @@ def max_classes_per_batch(space: Space) -> int:
     return max(values)
 
 
-RACE_FOLDS = ("trial", "alphabets")  # --race-folds
-
-
 def race_split(race_folds: str) -> str | None:
     """The ``val_split`` of the race's re-runs for --race-folds: None, the trials' own."""
     return None if race_folds == "trial" else race_folds
@@ -283,13 +286,6 @@ def check_storage(path: str) -> str:
     if "://" in path:
         return path
     return str(tracking.check_writable(path, "--storage-path", probe_bytes=1024 * 1024))  # a full disk fails here, not mid-study
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> frozenset[str]:
-    """The flags the command line sets itself, defaults aside (``--resume`` takes the others from the study)."""
-    unset = object()
-    probe = argparse.Namespace(**{dest: unset for dest in vars(parser.parse_args([]))})
-    return frozenset(dest for dest, value in vars(parser.parse_args(argv, probe)).items() if value is not unset)
 
 
 UNRECORDED_FLAGS = ("max_failures", "reuse_actors")  # kept in the study's Tune state, which --resume restores as it was

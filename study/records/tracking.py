@@ -18,12 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-import mlflow
+from typing import TYPE_CHECKING, Any
 
 from study.inputs import UsageError, redacted
 from study.records import store
+
+if TYPE_CHECKING:
+    import mlflow
 
 RUNS_DIR_ENV = "DML_RUNS_DIR"
 DEFAULT_EXPERIMENT = "dml-studies"  # where study.launch records a study, and study.sync and study.final --study look
@@ -69,13 +70,16 @@ def absolute_data_root(flag: str | None) -> str | None:
     The rule is ``trainables.core.data.resolve_data_root``'s; absolute here because Tune runs each
     trial in its own working directory.
     """
-    from trainables.core.data import resolve_data_root as flag_or_env  # here, not at the top: it imports torch
+    from trainables.core.data import (
+        resolve_data_root as flag_or_env,  # here, not at the top: it imports torch
+    )
 
     root = flag_or_env(flag)
     return str(root.resolve()) if root else None
 
 
 def resolve_tracking_uri(flag: str | None) -> str:
+
     uri = flag or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
@@ -106,6 +110,7 @@ def check_tracking_uri(uri: str) -> None:
     MLflow's file store (``file://`` or a bare path) is refused by MLflow itself; a sqlite file must lie in
     a writable folder (else MLflow retries its migrations for about two minutes before failing).
     """
+
     flag = "--tracking-uri" + ("" if uri != os.environ.get("MLFLOW_TRACKING_URI") else " ($MLFLOW_TRACKING_URI)")
     what = f"{flag} {redacted(uri)}"
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
@@ -187,6 +192,8 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 
 def setup(uri: str, experiment: str) -> str:
     """Point MLflow at ``uri`` and make sure ``experiment`` exists, tagged EXPERIMENT_KIND; returns its id."""
+    import mlflow
+
     configure_mlflow()
     check_tracking_uri(uri)  # also creates a local store's folder
     location = experiment_artifacts(uri, experiment)
@@ -222,6 +229,8 @@ def installed_version(*distributions: str) -> str:
 def reproducibility_tags() -> dict[str, str]:
     """What makes a run reproducible besides its config: code version and library versions (as installed: a driver
     that tags its runs need not import torch)."""
+    import mlflow
+
     return {
         "git_commit": git_commit(),
         "python": platform.python_version(),
@@ -236,6 +245,8 @@ def reproducibility_tags() -> dict[str, str]:
 
 def fail_orphans(client: mlflow.MlflowClient, run_ids: list[str], reason: str, status: str = "FAILED") -> None:
     """Mark runs that are still RUNNING as ``status`` (FAILED, or KILLED when stopped) with ``reason`` (nothing is left RUNNING)."""
+    import mlflow
+
     for run_id in run_ids:
         try:
             run = client.get_run(run_id)
@@ -299,6 +310,7 @@ def metric_histories(client: mlflow.MlflowClient, run_ids: list[str], keys: list
     ``metrics`` table MLflow's schema defines (``value`` read as NaN where ``is_nan`` is set, as MLflow reads it); any
     other store through the client, run by run.
     """
+
     from mlflow.entities import Metric
 
     out: dict[tuple[str, str], list] = {(run_id, key): [] for run_id in run_ids for key in keys}
@@ -323,6 +335,8 @@ def fail_study(uri: str, parent_run_id: str) -> list[tuple[str, int]]:
     """A study none of whose trials completed: its parent run ends FAILED with ``failure_reason`` "no trial completed
     (N failed, M stopped early)", and the distinct reasons its trial runs failed with are returned, each once with how
     many trials it hit, the most frequent first."""
+    import mlflow
+
     client = mlflow.MlflowClient(uri)
     trials = child_runs(client, client.get_run(parent_run_id).info.experiment_id, parent_run_id)
     failed = [run for run in trials if run.info.status == "FAILED"]

@@ -365,3 +365,6 @@ def seed_selection(scores: dict[int, Sequence[float]], mode: str) -> Selection:
     lead = sign * (first.mean - second.mean)
     se = math.sqrt(first.sem**2 + second.sem**2)
     return Selection(ranking, lead, lead / se if se > 0 else (math.inf if lead > 0 else float("nan")))
+
+
+RACE_FOLDS = ("trial", "alphabets")  # --race-folds
