@@ -10,19 +10,8 @@ from study import plots
 from study.records import tracking
 from study.records.study_record import StudyRecord
 from trainables.core.budgets import rung_budgets
-from trainables.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-CONFIG_KEYS = frozenset(TrainConfig.keys())
-TABLE_METRICS = (
-    ("NMI", "test_nmi"),
-    ("R@1", "test_recall_at_1"),
-    ("R@2", "test_recall_at_2"),
-    ("R@4", "test_recall_at_4"),
-    ("R@8", "test_recall_at_8"),
-    ("MAP@R", "test_map_at_r"),
-)
 
 
 def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:

@@ -32,19 +32,8 @@ from study import inputs, names
 from study.records.ending import tracking
 from study.report.finals import write_report
 from study.report.sections import find_parent
-from trainables.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-CONFIG_KEYS = frozenset(TrainConfig.keys())
-TABLE_METRICS = (
-    ("NMI", "test_nmi"),
-    ("R@1", "test_recall_at_1"),
-    ("R@2", "test_recall_at_2"),
-    ("R@4", "test_recall_at_4"),
-    ("R@8", "test_recall_at_8"),
-    ("MAP@R", "test_map_at_r"),
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

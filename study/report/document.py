@@ -9,19 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainables.core.config import TrainConfig
-
 log = logging.getLogger(__name__)
-
-CONFIG_KEYS = frozenset(TrainConfig.keys())
-TABLE_METRICS = (
-    ("NMI", "test_nmi"),
-    ("R@1", "test_recall_at_1"),
-    ("R@2", "test_recall_at_2"),
-    ("R@4", "test_recall_at_4"),
-    ("R@8", "test_recall_at_8"),
-    ("MAP@R", "test_map_at_r"),
-)
 
 
 # -- the report's blocks: what it says, written twice (report.md and report.html) ---------------------------------------

@@ -15,6 +15,7 @@ from study.records.curves import CURVE_KEYS, PrefetchedHistories, metric_history
 from study.records.study_record import StudyRecord
 from study.report.document import Block, Bullets, Code, Heading, Image, Paragraph, Table, html_page, markdown
 from study.report.sections import (
+    TABLE_METRICS,
     _final_seed_runs,
     _mean_over_seeds,
     _seed_metrics,
@@ -31,19 +32,8 @@ from study.report.sections import (
     study_learning_curves,
     top_trials,
 )
-from trainables.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-CONFIG_KEYS = frozenset(TrainConfig.keys())
-TABLE_METRICS = (
-    ("NMI", "test_nmi"),
-    ("R@1", "test_recall_at_1"),
-    ("R@2", "test_recall_at_2"),
-    ("R@4", "test_recall_at_4"),
-    ("R@8", "test_recall_at_8"),
-    ("MAP@R", "test_map_at_r"),
-)
 
 
 def study_finals(client, parent, out: Path) -> list[Block]:
