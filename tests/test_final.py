@@ -88,7 +88,7 @@ def test_a_driver_reads_its_spaces_and_tags_its_runs_without_torch():
     """What a driver does before and beside its trials, checking every shipped space's configs (TrainConfig) and
     tagging its runs with the library versions, loads no torch, torchvision or faiss (2 to 3 s of every driver's CPU)."""
     code = (
-        "from study.search import spaces; from study.records.ending import tracking; "
+        "from study.search import spaces; from study.records import tracking; "
         "[spaces.load_space(p) for p in sorted(spaces.SHIPPED.glob('*.yaml'))]; result = tracking.reproducibility_tags()"
     )
     modules, tags = loaded_after(code, ("torch", "torchvision", "faiss"))

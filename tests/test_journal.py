@@ -78,7 +78,7 @@ def test_cut_torn_tail_of_a_journal_of_one_torn_line(tmp_path):
 
 HOLDER = """
 import sys
-from study.journal import RepairingJournalBackend
+from study.search.journal import RepairingJournalBackend
 RepairingJournalBackend(sys.argv[1]).lock.acquire()
 print("held", flush=True)
 sys.stdin.read()  # holds the lock until killed (the test never closes stdin)

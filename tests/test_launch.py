@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from study.launch import cli as launch
+from study.launch import tuner as launch_tuner
 from study.launch.settings import shared_storage_note, study_settings
 from study.launch.tuner import restore_tuner
 from study.records import tracking
@@ -354,7 +355,7 @@ def test_a_tune_state_saved_by_another_version_is_a_one_line_error_on_resume(mon
     from ray import tune
 
     settings = SimpleNamespace(name="old", experiment_dir="/runs/ray/old")
-    monkeypatch.setattr(launch, "trainable", lambda s: None)
+    monkeypatch.setattr(launch_tuner, "trainable", lambda s: None)
     missing = AttributeError("Can't get attribute 'ConfirmingSearcher' on <module 'study.search' from '/x/study/search.py'>")
     for error in (missing, ModuleNotFoundError("No module named 'study.old'")):
         monkeypatch.setattr(tune.Tuner, "restore", staticmethod(lambda *a, error=error, **k: (_ for _ in ()).throw(error)))

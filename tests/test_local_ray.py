@@ -18,7 +18,8 @@ PROBE = textwrap.dedent(
     """
     import ipaddress, json, os, sys
     from pathlib import Path
-    import study.launch as launch
+    import study.launch.run
+    from study.ray_session import ray_session
     assert "ray" not in sys.modules, "importing study.launch imported Ray"
 
     def tree(root):
@@ -70,7 +71,7 @@ PROBE = textwrap.dedent(
         argv = line.split(chr(0))
         return (len(argv) > 1 and argv[1].endswith("default_worker.py")) or (argv[0].startswith("ray::") and "Agent" not in argv[0])
 
-    with launch.ray_session(None):
+    with ray_session(None):
         import ray
 
         @ray.remote(num_cpus=1)

@@ -33,7 +33,7 @@ def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):
 
 
 def test_the_lock_of_a_killed_driver_is_free(tmp_path):
-    hold = f"from pathlib import Path; from study import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"
+    hold = f"from pathlib import Path; from study.records import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"
     holder = subprocess.Popen([sys.executable, "-c", hold], cwd=ROOT, stdin=subprocess.PIPE, text=True)
     try:
         lock = tmp_path / "s.lock"
@@ -62,7 +62,7 @@ def test_a_second_driver_of_a_running_study_exits_2_and_writes_nothing(runs, cap
 SETUP = textwrap.dedent(
     """
     import sys
-    from study import locks, tracking
+    from study.records import locks, tracking
     uri = sys.argv[1]
     sys.stdin.readline()  # the go signal: all start at once
     with locks.store_setup_lock(uri):
@@ -96,7 +96,7 @@ def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
 FINAL = textwrap.dedent(
     """
     import sys
-    from study import final
+    from study.final import cli as final
     config, uri = sys.argv[1:]
     sys.stdin.readline()  # the go signal: all start at once, past their imports
     sys.exit(final.main(["--config", config, "--seeds", "1", "--tracking-uri", uri, "--experiment", "final"]))
@@ -128,7 +128,7 @@ def test_a_process_lock_is_abandoned_only_once_its_process_is_gone(tmp_path):
     assert not mine.exists()
     assert locks.abandoned(tmp_path / "final-1-none.lock") is None
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; from pathlib import Path; from study import locks\n"
+        [sys.executable, "-c", f"import sys; from pathlib import Path; from study.records import locks\n"
          f"with locks.process_lock(Path({str(tmp_path)!r}), 'final') as p:\n    print(p, flush=True); sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -250,7 +250,7 @@ def test_a_local_ray_started_inside_the_log_block_prints_nothing_on_the_terminal
     its console handler on the "ray" logger, and ray.init's own warnings (token authentication) reached the terminal.
     In a fresh process, as study.final runs: the "ray" logger keeps only the log file inside the block."""
     code = (
-        "import logging, sys; from pathlib import Path; from study import console; from study.launch import ray_session\n"
+        "import logging, sys; from pathlib import Path; from study import console; from study.ray_session import ray_session\n"
         "with console.library_output_to(Path(sys.argv[1])):\n"
         "    with ray_session(None, (1.0, None)):\n"
         "        print([type(h).__name__ for h in logging.getLogger('ray').handlers])\n"

@@ -460,7 +460,7 @@ def test_worker_node_dies_mid_trial(tmp_path, runs):
 
 WRITER = """
 import sys, optuna
-from study.search import open_storage
+from study.search.journal import open_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name="shared", storage=open_storage(sys.argv[1]))
 for i in range(int(sys.argv[2])):
