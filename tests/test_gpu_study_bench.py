@@ -45,4 +45,3 @@ def test_the_utilization_line_the_study_prints_today_still_parses():
     line = Utilization(in_trial_s=272.4, wall_s=104.2, slots=4, startup_s=5.8, trials=11).describe()
     util = UTILIZATION.search(line)
     assert util is not None and (util["slots"], util["startup"]) == ("4", "5.8")
-
