@@ -1,6 +1,6 @@
 """python bench/gpu_path.py: the CUDA path of the training core on one GPU, in one run.
 
-On a CUB-shaped photo set (bench/photo_data.py, generated under --root; 224 px crops, batches of C x k):
+On a CUB-shaped photo set (tests/photo_data.py, generated under --root; 224 px crops, batches of C x k):
 
 - **step**: the training step alone, ``engine.train_one_epoch`` over batches already on the GPU (the decoded
   cache's uint8 batches, normalized there), per backbone and precision (fp32, bf16, fp16): images/s of the
@@ -47,7 +47,7 @@ if "--code" in sys.argv:  # a child training another checkout's core (--baseline
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.photo_data import make_cub  # noqa: E402
+from tests.photo_data import make_cub  # noqa: E402
 from trainables.core import engine  # noqa: E402
 from trainables.core.config import TrainConfig  # noqa: E402
 from trainables.core.data import load_dataset  # noqa: E402

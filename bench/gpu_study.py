@@ -1,7 +1,7 @@
 """python bench/gpu_study.py: a whole study on one GPU through Ray, then its final model, in one run.
 
 What bench/gpu_path.py measures piece by piece (the step, the loader, K processes sharing a GPU), run the way a
-user runs it: ``python -m study.launch`` on a CUB-shaped photo set (bench/photo_data.py, generated under
+user runs it: ``python -m study.launch`` on a CUB-shaped photo set (tests/photo_data.py, generated under
 --root) with fractional GPUs (``--gpus-per-trial 1/K --cpus-per-trial CPUs/K``: K trials share the GPU), the
 budget-aware scheduler, the race and the MLflow records, then ``python -m study.final --study NAME`` on the same
 GPU. For each K it reports:
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_path import GpuSampler, environment  # noqa: E402
-from bench.photo_data import make_cub  # noqa: E402
+from tests.photo_data import make_cub  # noqa: E402
 
 SUMMARY = re.compile(r"finished in (?P<wall>\d+) s: (?P<trials>\d+) trials, .* (?P<epochs>\d+) epochs trained")
 UTILIZATION = re.compile(r"utilization (?P<util>[\d.]+): .* x (?P<slots>\d+) slots\); Ray start-up (?P<startup>[\d.]+) s")
