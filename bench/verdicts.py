@@ -11,9 +11,7 @@ spread (max - min) of those over the sampler seeds, the families that won, and w
 configuration, or different ones their races could not tell apart (a tie), or one a race called clear and another
 did not pick (a contradiction).
 
-A study's results are kept in ``--keep``/NAME/verdicts_result.json once its final has run; a later invocation skips
-it, so an interrupted benchmark continues where it stopped (a study stopped mid-way starts again in a fresh folder).
-Ctrl-C (or SIGTERM, SIGHUP) stops the running command as its own Ctrl-C does and waits for it to end.
+An interrupted benchmark continues where it stopped: a study with results in ``--keep`` is skipped.
 
 Question: is the default study's verdict as good, and as reproducible, as the seeds allow?
 
@@ -75,7 +73,6 @@ def plan_runs(seeds: Sequence[int], repeats: int, repeat_seed: int) -> list[Run]
     return runs
 
 
-# ----------------------------------------------------------------------------- the pure summary
 def spread_and_mean(values: Sequence[float | None]) -> dict[str, float | int | None]:
     """Mean, min, max and spread (max - min) of the measured ``values`` (None: not measured, left out)."""
     measured = [float(v) for v in values if v is not None and math.isfinite(v)]
@@ -148,7 +145,6 @@ def short_verdict(selection: dict[str, Any] | None) -> str:
     return f"{head} ({why}{selection.get('folds', '?')} folds{p})"
 
 
-# ----------------------------------------------------------------------------- a configuration in words
 def family(config: dict[str, Any]) -> str:
     """The configuration family of a pick: ICE, heated softmax or softmax without heating."""
     if config.get("loss") == "ice":
@@ -182,7 +178,6 @@ def config_identity(config: dict[str, Any]) -> str:
     return json.dumps({key: values[key] for key in applicable_keys(resolved)}, sort_keys=True, default=str)
 
 
-# ----------------------------------------------------------------------------- running the commands
 def study_env(folder: Path, data_root: str | None) -> dict[str, str]:
     """The environment of a study's commands: its own runs folder (its MLflow store, Optuna journal, Ray storage and
     logs), the data root; no ``MLFLOW_TRACKING_URI`` of the caller's, which would send every study to one store."""
@@ -249,7 +244,6 @@ def run_logged(command: list[str], env: dict[str, str], log: Path, cwd: Path) ->
     return elapsed
 
 
-# ----------------------------------------------------------------------------- reading a study's records
 def parent_run(folder: Path, name: str):
     """The MLflow parent run of study ``name`` in the store of its runs folder, or None."""
     from mlflow import MlflowClient
@@ -329,7 +323,6 @@ def with_words(result: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- one study, restartable
 def set_aside(folder: Path) -> None:
     """Rename the folder of a study that stopped mid-way, so that it starts again in a fresh one (kept, not deleted)."""
     aside = folder.with_name(f"{folder.name}.interrupted-{datetime.datetime.now():%Y%m%d-%H%M%S}")
@@ -376,7 +369,6 @@ def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     return with_words(result)
 
 
-# ----------------------------------------------------------------------------- the summary and the table
 def summarize(results: list[dict[str, Any]], repeat_seed: int) -> dict[str, Any]:
     """Over the first run of every sampler seed: the mean and spread of the picks' test metrics, the families that
     won; over the runs of ``repeat_seed``: the reproducibility judgement."""
@@ -485,7 +477,6 @@ def markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.verdicts",
