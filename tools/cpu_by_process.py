@@ -124,7 +124,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.cpu_by_process", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args()

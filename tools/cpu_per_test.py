@@ -118,7 +118,9 @@ def summarize(rows: list[dict], top: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.cpu_per_test", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("file", type=Path, help="the plugin's output (cpu_per_test.jsonl)")
     parser.add_argument("--top", type=int, default=25, help="how many files and tests to list (default 25)")
     args = parser.parse_args(argv)

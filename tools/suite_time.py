@@ -69,7 +69,7 @@ def file_seconds(junit: Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.suite_time", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both variants (default 1)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for suite_time.{jsonl,md}")
     parser.add_argument("--file-seconds", metavar="JUNIT", help="write tests/file_seconds.json from this report, and run nothing")
