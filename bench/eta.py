@@ -1,22 +1,20 @@
-"""python bench/eta.py OUTPUT: how far the progress lines' "~N left" was from the time the study really took.
+"""How far the progress line's "~T left" is from the time the study really took.
 
-OUTPUT is what ``python -m study.launch`` printed (its stdout, saved with ``| tee``). Each progress line reads
-``[  ELAPSED s, ~LEFT left] ...``; the truth for a line is the last progress line's elapsed seconds minus its own
-(the end of the study's training: the end-of-study summary after it is not counted by the estimate). The table
-gives, per line with an estimate, the estimate, the truth and the error as a share of the truth; the summary,
-how many lines are within 50 % (issue 32's bound) and the worst.
+Workload: what ``python -m study.launch`` printed (its stdout, saved with ``| tee``). Each progress line reads
+``[  ELAPSED s, ~LEFT left] ...``; the truth for a line is the last progress line's elapsed seconds minus its own (the
+end of the study's training: the summary after it is not counted by the estimate).
 
-With ``--runs``, the study's MLflow store (``DML_RUNS_DIR``, its ``mlflow.db``) gives every epoch's time, and each
-estimate is split in two: the epochs it expected against the epochs the study really trained after it, and the pace
-so far (seconds per epoch, the whole study's slots together) against the pace that followed. A miss is put down to
-the factor that alone would miss by more than 50 %. It also replays the estimate with the pace of the last W
-seconds instead of the pace since the first epoch (the estimate x recent pace / pace so far), for a few W. And it
-replays every line with this checkout's count of the epochs left (``callbacks.study_epochs_left``) on the state the
-records give for that moment, times the pace so far: how the code as it is now does on the same study.
+Question: is the estimate honest, and where it misses, is it the epochs it expected or the pace? With ``--runs`` (the
+study's runs folder, its ``mlflow.db``) every epoch's time splits each estimate in two: the epochs it expected
+against those the study trained after it, and the pace so far (seconds per epoch, all slots together) against the
+pace that followed; a miss is put down to the factor that alone misses by more than 50 %. It also replays each
+estimate with the pace of the last W seconds, and each line with this checkout's count of the epochs left
+(``callbacks.study_epochs_left``) on the state the records give for that moment.
 
-  python -m study.launch | tee /tmp/study.out && python bench/eta.py /tmp/study.out
-  python bench/eta.py /tmp/study.out --markdown docs/bench/eta.md
-  python bench/eta.py runs/launch.log --runs runs --study NAME
+Bound (issue 32): every estimate within 50 % of the truth.
+
+  python -m study.launch | tee /tmp/study.out && python -m bench.eta /tmp/study.out
+  python -m bench.eta runs/launch.log --runs runs --study NAME --markdown docs/bench/eta.md
 """
 
 from __future__ import annotations
@@ -25,7 +23,10 @@ import argparse
 import bisect
 import re
 import statistics
+import sys
 from pathlib import Path
+
+from bench import harness
 
 LINE = re.compile(r"^\[\s*(\d+) s(?:, ~([^\]]+) left)?\]")
 EVENT = re.compile(r"\| (\w{8}) epoch (\d+)/")  # the event of a progress line: Tune's trial id and the epoch
@@ -51,15 +52,20 @@ def estimates(lines: list[str]) -> list[tuple[float, float | None]]:
     return found
 
 
+def misses(found: list[tuple[float, float | None]]) -> list[tuple[float, float, float, float]]:
+    """(elapsed s, estimate s, truth s, error as a share of the truth) of each line with an estimate and time left."""
+    truths = [(elapsed, left, found[-1][0] - elapsed) for elapsed, left in found]
+    return [(elapsed, left, truth, (left - truth) / truth) for elapsed, left, truth in truths if left is not None and truth > 0]
+
+
 def table(found: list[tuple[float, float | None]]) -> tuple[list[str], str]:
-    end = found[-1][0]
-    rows, errors = ["| elapsed s | estimate s | truth s | error |", "| ---: | ---: | ---: | ---: |"], []
-    for elapsed, left in found:
-        truth = end - elapsed
-        if left is None or truth <= 0:
-            continue
-        errors.append((left - truth) / truth)
-        rows.append(f"| {elapsed:.0f} | {left:.0f} | {truth:.0f} | {errors[-1]:+.0%} |")
+    """The table's lines (elapsed, estimate, truth, error) and a summary sentence."""
+    end, rows = found[-1][0], misses(found)
+    errors = [error for *_, error in rows]
+    rows = harness.table(
+        ["elapsed s", "estimate s", "truth s", "error"],
+        ((f"{e:.0f}", f"{left:.0f}", f"{truth:.0f}", f"{error:+.0%}") for e, left, truth, error in rows),
+    )
     within = sum(abs(e) <= 0.5 for e in errors)
     worst = max(errors, key=abs, default=0.0)
     first = next((elapsed for elapsed, left in found if left is not None), None)
@@ -190,8 +196,8 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.eta", description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path, help="the study's saved stdout")
     parser.add_argument("--markdown", type=Path, help="write the table and summary here")
     parser.add_argument("--runs", type=Path, help="the study's runs folder (DML_RUNS_DIR): split each error into epochs and pace")
@@ -211,8 +217,13 @@ def main(argv: list[str] | None = None) -> None:
         text += "\n" + replay(lines, trials, params) + "\n"
     print(text)
     if args.markdown:
-        args.markdown.write_text(text)
+        harness.write(args.markdown, text)
+    errors = [error for *_, error in misses(found)]
+    within = sum(abs(e) <= 0.5 for e in errors)
+    return harness.bound(
+        within == len(errors) if errors else None, f"every estimate within 50 % of the truth ({within} of {len(errors)} are)"
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

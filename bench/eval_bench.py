@@ -1,45 +1,39 @@
 """Wall time and peak memory of the evaluation metrics at retrieval-benchmark scale.
 
-Compares, on synthetic clustered embeddings of a given shape N x D with C classes:
+Workload: synthetic clustered unit-norm embeddings of shape N x D with C classes (class centre plus gaussian noise,
+the noise bisected until Recall@1 of 2,000 queries is about 0.65), by default the CUB test split's 8,131 x 64 x 98
+and the SOP test split's 60,502 x 512 x 11,316, evaluated by:
 
-* ``project``: ``trainables.core.metrics.evaluate_embeddings`` with ks = (1, 10, 100), called as
-  ``trainables.core.engine.evaluate`` calls it (Recall@1/10/100, MAP@R, R-precision, NMI with the
-  default ``nmi_runs`` = 1: one k-means run seeded with k-means++, like the lower bound's one run);
-* ``project_nmi3``: the same with ``nmi_runs=3`` (NMI averaged over three k-means runs), for reference;
-* ``lower_bound``: one exact ``faiss.IndexFlatIP`` search with k = 101 on all N (queries =
-  database) plus one ``faiss.Kmeans`` with k = C and faiss's defaults, nothing else; the two parts
-  are timed separately and summed;
-* ``pml``: pytorch-metric-learning's ``AccuracyCalculator`` (precision_at_1,
-  mean_average_precision_at_r, NMI; k = "max_bin_count");
-* ``sklearn``: scikit-learn ``NearestNeighbors(metric="cosine", algorithm="brute")`` fit plus
-  ``kneighbors`` with k = 101.
+* ``project``: ``trainables.core.metrics.evaluate_embeddings`` with ks = (1, 10, 100) as ``engine.evaluate`` calls it
+  (Recall@1/10/100, MAP@R, R-precision, NMI from one k-means++-seeded k-means run, ``nmi_runs`` = 1);
+* ``project_nmi3``: the same with ``nmi_runs=3``, for reference;
+* ``lower_bound``: one exact ``faiss.IndexFlatIP`` search with k = 101 on all N plus one ``faiss.Kmeans`` with k = C
+  and faiss's defaults, nothing else (the two parts timed apart and summed);
+* ``pml``: pytorch-metric-learning's ``AccuracyCalculator`` (precision_at_1, mean_average_precision_at_r, NMI);
+* ``sklearn``: scikit-learn's brute-force cosine ``NearestNeighbors`` with k = 101.
 
-Each measurement runs in a fresh child process (this script with ``--one METHOD``) that runs the
-method once on 400 rows (thread pools, BLAS buffers, lazy imports), loads the data from a ``.npy``
-file, resets its peak-RSS counter, runs the method once and reports its wall time and its peak
-RSS minus the RSS right after loading. The numbers are medians over ``--repeats`` children; the
-methods take turns within each repeat. Data generation (not timed) picks the noise level by bisection so that
-Recall@1 on a subsample of 2,000 queries is about 0.65.
+Each measurement is a fresh child process (``--one METHOD``) that warms the method up on 400 rows, loads the data and
+runs it once: its wall time and its peak RSS over the RSS after loading; medians over ``--repeats`` children.
 
-Usage::
+Question: does the project's evaluation cost what the metrics must cost, at the papers' test-set sizes?
 
-    python bench/eval_bench.py --sizes 8131x64x98 60502x512x11316 --curve 8000,30000,60000,120000 \\
+Bound: at every ``--sizes`` shape, the project's evaluation takes at most 1.3x the lower bound's wall time and
+under 1 GiB of peak memory.
+
+    python -m bench.eval_bench --sizes 8131x64x98 60502x512x11316 --curve 8000,30000,60000,120000 \\
         --repeats 3 --out docs/bench/eval.json
 
-writes the JSON, a markdown fragment next to it (same name, ``.md``) and a table on stdout.
+writes the JSON, a Markdown fragment beside it (``.md``) and a table on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
 import json
 import math
 import os
-import platform
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -51,9 +45,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench import harness
 
 METHODS = ("project", "project_nmi3", "lower_bound", "pml", "sklearn")
 KS = (1, 10, 100)
@@ -76,9 +68,6 @@ LABELS = {
     "pml": "pytorch-metric-learning AccuracyCalculator",
     "sklearn": "scikit-learn NearestNeighbors brute cosine",
 }
-
-
-# -- data ------------------------------------------------------------------------------------
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -154,9 +143,6 @@ def make_data(n: int, d: int, c: int, seed: int) -> tuple[np.ndarray, np.ndarray
     return np.ascontiguousarray(x, dtype=np.float32), labels, {"noise_scale": scale, "calibration_recall_at_1": recall}
 
 
-# -- measurement in a child process ---------------------------------------------------------
-
-
 def _proc_status_kb(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -222,16 +208,8 @@ def _prepare(method: str) -> Any:
         # Time the parts evaluate_embeddings calls through module globals; count Lloyd iterations.
         metrics.retrieval_metrics = timed("retrieval_s", metrics.retrieval_metrics)
         metrics.nmi = timed("nmi_s", metrics.nmi)
-        seeding = getattr(metrics, "_kmeans_plus_plus", None)  # the k-means++ seeding, timed when present
-
-        def seeding_timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            out = seeding(*args, **kwargs)
-            parts["seeding_s"] += time.perf_counter() - t0
-            return out
-
-        if seeding is not None:
-            metrics._kmeans_plus_plus = seeding_timed
+        if hasattr(metrics, "_kmeans_plus_plus"):  # the k-means++ seeding, timed when present
+            metrics._kmeans_plus_plus = timed("seeding_s", metrics._kmeans_plus_plus)
         train = faiss.Kmeans.train
 
         def train_counted(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -340,8 +318,8 @@ def run_child(method: str, data_dir: Path) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     try:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", method, "--data", str(data_dir), "--result", str(result)]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "bench.eval_bench", "--one", method, "--data", str(data_dir), "--result", str(result)]
+        proc = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{method} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         return json.loads(result.read_text())
@@ -374,9 +352,6 @@ def summarize(method: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# -- one shape --------------------------------------------------------------------------------
-
-
 def write_data(n: int, d: int, c: int, seed: int, root: Path) -> tuple[Path, dict[str, float]]:
     data_dir = root / f"{n}x{d}x{c}"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -389,37 +364,26 @@ def write_data(n: int, d: int, c: int, seed: int, root: Path) -> tuple[Path, dic
     return data_dir, info
 
 
+# the figures compared across methods: (method, the metric it reports, the name it is shown under), in table order
+COMPARED = {
+    "recall_at_1": (("project", "recall_at_1", "project recall_at_1"), ("pml", "precision_at_1", "pml precision_at_1"),
+                    ("lower_bound", "top1_label_match", "faiss top-1 label match"),
+                    ("sklearn", "top1_label_match", "sklearn top-1 label match")),
+    "map_at_r": (("project", "map_at_r", "project map_at_r"), ("pml", "mean_average_precision_at_r", "pml mean_average_precision_at_r")),
+    "nmi": (("project", "nmi", "project nmi"), ("project_nmi3", "nmi", "project nmi (nmi_runs=3)"), ("pml", "NMI", "pml NMI"),
+            ("lower_bound", "nmi", "faiss k-means NMI")),
+}  # fmt: skip
+
+
 def agreement(results: dict[str, Any]) -> dict[str, Any]:
     """Metric values of the methods side by side, with differences and tolerance checks."""
-    r1: dict[str, float] = {}
-    mapr: dict[str, float] = {}
-    nmi: dict[str, float] = {}
-    m = {name: res["metrics"] for name, res in results.items()}
-    if "project" in m:
-        r1["project recall_at_1"] = m["project"]["recall_at_1"]
-        mapr["project map_at_r"] = m["project"]["map_at_r"]
-        nmi["project nmi"] = m["project"]["nmi"]
-    if "project_nmi3" in m:
-        nmi["project nmi (nmi_runs=3)"] = m["project_nmi3"]["nmi"]
-    if "pml" in m:
-        r1["pml precision_at_1"] = m["pml"]["precision_at_1"]
-        mapr["pml mean_average_precision_at_r"] = m["pml"]["mean_average_precision_at_r"]
-        nmi["pml NMI"] = m["pml"]["NMI"]
-    if "lower_bound" in m:
-        r1["faiss top-1 label match"] = m["lower_bound"]["top1_label_match"]
-        nmi["faiss k-means NMI"] = m["lower_bound"]["nmi"]
-    if "sklearn" in m:
-        r1["sklearn top-1 label match"] = m["sklearn"]["top1_label_match"]
-
-    def check(values: dict[str, float], tol: float) -> dict[str, Any]:
+    out = {}
+    for figure, sources in COMPARED.items():
+        values = {shown: results[method]["metrics"][key] for method, key, shown in sources if method in results}
         spread = max(values.values()) - min(values.values()) if values else 0.0
-        return {"values": values, "max_abs_difference": spread, "tolerance": tol, "agree": spread <= tol}
-
-    return {
-        "recall_at_1": check(r1, TOLERANCE_RETRIEVAL),
-        "map_at_r": check(mapr, TOLERANCE_RETRIEVAL),
-        "nmi": check(nmi, TOLERANCE_NMI),
-    }
+        tolerance = TOLERANCE_NMI if figure == "nmi" else TOLERANCE_RETRIEVAL
+        out[figure] = {"values": values, "max_abs_difference": spread, "tolerance": tolerance, "agree": spread <= tolerance}
+    return out
 
 
 def ratios(results: dict[str, Any]) -> dict[str, Any]:
@@ -469,10 +433,8 @@ def run_shape(n: int, d: int, c: int, methods: tuple[str, ...], repeats: int, ro
     }
 
 
-# -- report -----------------------------------------------------------------------------------
-
-
 def machine_info() -> dict[str, Any]:
+    """The machine (bench.harness), its memory, the libraries' versions and their thread counts."""
     import faiss
     import sklearn
     import torch
@@ -483,29 +445,12 @@ def machine_info() -> dict[str, Any]:
         pml_version = pytorch_metric_learning.__version__
     except ImportError:
         pml_version = None
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem_gb = int(f.readline().split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        pass
+    with open("/proc/meminfo") as f:
+        mem_gb = int(f.readline().split()[1]) / 2**20
     return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": model,
+        **harness.machine(),
         "memory_gb": mem_gb,
-        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        "load_average_at_start": harness.load(),
         "numpy": np.__version__,
         "torch": torch.__version__,
         "faiss": faiss.__version__,
@@ -581,19 +526,17 @@ def shape_table(entry: dict[str, Any]) -> list[str]:
 
 
 def curve_table(curve: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| N | C | project s | lower bound s (kNN + k-means) | ratio | project peak MB | lower bound peak MB |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["N", "C", "project s", "lower bound s (kNN + k-means)", "ratio", "project peak MB", "lower bound peak MB"]
+    rows = []
     for e in curve:
         p, lb = e["methods"]["project"], e["methods"]["lower_bound"]
-        parts = lb["parts_seconds"]
-        lines.append(
-            f"| {e['shape']['n']:,} | {e['shape']['classes']:,} | {p['seconds']['median']:.2f} | "
-            f"{lb['seconds']['median']:.2f} ({parts['knn_s']['median']:.2f} + {parts['kmeans_s']['median']:.2f}) | "
-            f"{e['ratios']['project_over_lower_bound_time']:.2f} | {p['peak_mb']['median']:.0f} | {lb['peak_mb']['median']:.0f} |"
-        )
-    return lines
+        knn, kmeans = lb["parts_seconds"]["knn_s"]["median"], lb["parts_seconds"]["kmeans_s"]["median"]
+        lower = f"{lb['seconds']['median']:.2f} ({knn:.2f} + {kmeans:.2f})"
+        ratio = e["ratios"]["project_over_lower_bound_time"]
+        shape = f"{e['shape']['n']:,}", f"{e['shape']['classes']:,}"
+        sizes = f"{p['seconds']['median']:.2f}", lower, f"{ratio:.2f}", f"{p['peak_mb']['median']:.0f}", f"{lb['peak_mb']['median']:.0f}"
+        rows.append((*shape, *sizes))
+    return harness.table(header, rows)
 
 
 def _load(values: Any) -> str:
@@ -609,7 +552,7 @@ def markdown(report: dict[str, Any]) -> str:
         report["command"],
         "```",
         "",
-        f"Machine: {m['cpu_count']} CPUs ({m['cpu_model']}), {m['memory_gb']:.0f} GiB; threads: faiss {m['threads']['faiss_omp']}, "
+        f"Machine: {m['cores']} CPUs ({m['cpu']}), {m['memory_gb']:.0f} GiB; threads: faiss {m['threads']['faiss_omp']}, "
         f"torch {m['threads']['torch']}; load average (1/5/15 min) at start {_load(m['load_average_at_start'])}, "
         f"at end {_load(m['load_average_at_end'])}. "
         f"numpy {m['numpy']}, torch {m['torch']}, faiss {m['faiss']}, scikit-learn {m['sklearn']}, "
@@ -633,16 +576,13 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- main -------------------------------------------------------------------------------------
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.eval_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=parse_shape, default=[parse_shape("8131x64x98"), parse_shape("60502x512x11316")])
     parser.add_argument("--curve", type=parse_curve, default=None, help="comma-separated N for the scaling curve (D = 512, C = N / 5.35)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--curve-repeats", type=int, default=None, help="repeats for the curve (default: --repeats)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "eval.json")
+    parser.add_argument("--out", type=Path, default=harness.ROOT / "docs" / "bench" / "eval.json")
     parser.add_argument("--skip-references", action="store_true", help="measure only the project and the lower bound")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -655,11 +595,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or (args.curve_repeats is not None and args.curve_repeats < 1):
         parser.error("--repeats and --curve-repeats must be >= 1")
 
-    command = "python bench/eval_bench.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = harness.command("eval_bench", sys.argv[1:] if argv is None else argv)
     methods = ("project", "project_nmi3", "lower_bound") if args.skip_references else METHODS
     report: dict[str, Any] = {
         "command": command,
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": harness.now(),
         "machine": machine_info(),
         "settings": {
             "repeats": args.repeats,
@@ -691,15 +631,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    report["machine"]["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report["machine"]["load_average_at_end"] = harness.load()
+    harness.write(args.out, json.dumps(report, indent=2) + "\n")
     md = markdown(report)
-    args.out.with_suffix(".md").write_text(md + "\n")
-    print()
-    print(md)
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
-    return 0
+    harness.write(args.out.with_suffix(".md"), md + "\n")
+    print(f"\n{md}\nwrote {args.out} and {args.out.with_suffix('.md')}")
+    targets = [(e["shape"]["n"], e["ratios"]["project_meets_target"]) for e in report["shapes"] if "project_meets_target" in e["ratios"]]
+    met = ", ".join(f"N = {n:,}: {'met' if t['time_ok'] and t['peak_ok'] else 'not met'}" for n, t in targets)
+    statement = f"the project within {TARGET_TIME_RATIO}x the lower bound's time and under {TARGET_PEAK_MB:.0f} MB at every shape ({met})"
+    return harness.bound(all(t["time_ok"] and t["peak_ok"] for _, t in targets) if targets else None, statement)
 
 
 if __name__ == "__main__":

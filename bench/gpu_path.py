@@ -1,27 +1,29 @@
-"""python bench/gpu_path.py: the CUDA path of the training core on one GPU, in one run.
+"""The CUDA path of the training core on one GPU, piece by piece, in one run.
 
-On a CUB-shaped photo set (bench/photo_data.py, generated under --root; 224 px crops, batches of C x k):
+Workload: a CUB-shaped photo set (tests/photo_data.py, generated under --root; 224 px crops, batches of C x k,
+ResNet-50 and GoogLeNet from scratch, ICE), or with ``--config`` a training config's own dataset and backbone:
 
-- **step**: the training step alone, ``engine.train_one_epoch`` over batches already on the GPU (the decoded
-  cache's uint8 batches, normalized there), per backbone and precision (fp32, bf16, fp16): images/s of the
-  model's compute with no loader in the way, and the peak GPU memory;
-- **fit**: ``engine.fit`` in study mode as a trial runs it (the node's decoded cache, or the PIL path with the
-  cache off; the DataLoader workers of ``engine.loader_workers``: the process's CPUs - 1), per precision: train
-  images/s of the epochs after the first, the share of the epoch spent waiting for the loader, the evaluation's
-  seconds, and the GPU's utilization as ``nvidia-smi`` samples it: whether the loader feeds the GPU;
-- **pack**: K such fits at once on the one GPU, each with 1/K of the CPUs (Ray's fractional GPUs,
-  ``--gpus-per-trial 1/K``, place K trials so: the same device, no isolation): the summed train images/s against
-  K = 1, and each process's GPU memory. The processes wait for each other after their first epoch (a barrier), so
-  the later epochs all overlap: "all at once" is their images over the wall time from the barrier to the last end
-  (evaluations included).
+- **step**: ``engine.train_one_epoch`` over batches already on the GPU (the decoded cache's uint8 batches, normalized
+  there), per backbone and precision (fp32, bf16, fp16): images/s of the model's compute alone, peak GPU memory;
+- **fit**: ``engine.fit`` in study mode as a trial runs it (the node's decoded cache, or the PIL path with the cache
+  off; the DataLoader workers of ``engine.loader_workers``), per precision: train images/s of the epochs after the
+  first, the share of the epoch spent waiting for the loader, the evaluation's seconds, and the GPU's utilization as
+  ``nvidia-smi`` samples it;
+- **pack**: K such fits at once on the GPU, each with 1/K of the CPUs (what ``--gpus-per-trial 1/K`` places on one
+  GPU). The processes wait for each other after their first epoch, so the later epochs all overlap: "all at once" is
+  their images over the wall time from that barrier to the last end (evaluations included).
 
-Each fit runs in its own process (``--child``), as a trial does. Results are written after every stage, so a
-run
-cut short keeps what it measured. Needs torch, torchvision, faiss, numpy and PIL (no Ray, MLflow or Optuna).
+Each fit is a process of its own (``--child``), as a trial is; results are written after every stage, so a run cut
+short keeps what it measured. ``--baseline CHECKOUT`` trains the fits with that checkout's core instead, alternating.
 
-  python bench/gpu_path.py --root /tmp/gpu_photos --out docs/bench/gpu_path.json --markdown docs/bench/gpu_path.md
-  python bench/gpu_path.py --root /tmp/gp --scale 0.05 --backbones resnet18 --epochs 2 --pack 1 2   # a quick look
-  python bench/gpu_path.py --root ../shared/data --config configs/omniglot_hbn.yaml --backbones small_cnn \
+Question: does the loader feed the GPU, and does packing trials on one GPU buy throughput?
+
+Bound: the decoded cache's fit trains more images/s than the PIL path's at each precision both measured, and K packed
+fits train more images/s all at once than one fit alone (what ``--gpus-per-trial 1/K`` rests on).
+
+  python -m bench.gpu_path --root /tmp/gpu_photos --out docs/bench/gpu_path.json --markdown docs/bench/gpu_path.md
+  python -m bench.gpu_path --root /tmp/gp --scale 0.05 --backbones resnet18 --epochs 2 --pack 1 2   # a quick look
+  python -m bench.gpu_path --root ../shared/data --config configs/omniglot_hbn.yaml --backbones small_cnn \\
       --precisions fp32 bf16 --pack 4 8 16 --epochs 4     # the default study's model: characters at 32 px
 """
 
@@ -39,19 +41,14 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-if "--code" in sys.argv:  # a child training another checkout's core (--baseline): its trainables come first
-    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
+import torch
+import yaml
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-
-from bench.photo_data import make_cub  # noqa: E402
-from trainables.core import engine  # noqa: E402
-from trainables.core.config import TrainConfig  # noqa: E402
-from trainables.core.data import load_dataset  # noqa: E402
-from trainables.core.transforms import image_dataset  # noqa: E402
+from bench import harness
+from trainables.core import engine
+from trainables.core.config import TrainConfig
+from trainables.core.data import load_dataset
+from trainables.core.transforms import image_dataset
 
 
 def config_fields(path: str) -> dict:
@@ -77,7 +74,7 @@ def config_of(args: argparse.Namespace, backbone: str, precision: str) -> TrainC
             "epochs": args.epochs,
             "seed": 0,
         },
-        source="bench/gpu_path.py",
+        source="bench.gpu_path",
     )
 
 
@@ -198,21 +195,24 @@ class GpuSampler:
                 "mem_max_mib": max((m for _, _, m in samples), default=None)}  # fmt: skip
 
 
-def child_command(args: argparse.Namespace, precision: str, threads: int, code: str | None) -> list[str]:
-    command = [sys.executable, __file__, "--child", "--root", args.root, "--backbone", args.fit_backbone, "--precision", precision]
-    command += ["--threads", str(threads), "--epochs", str(args.epochs), "--classes", str(args.classes), "--per-class", str(args.per_class)]
-    command += ["--device", args.device] + (["--config", args.config] if args.config else [])
-    return command + (["--code", code] if code else [])
+def child_command(args: argparse.Namespace, precision: str, threads: int) -> list[str]:
+    command = [sys.executable, "-m", "bench.gpu_path", "--child", "--root", args.root, "--backbone", args.fit_backbone]
+    command += ["--precision", precision, "--threads", str(threads), "--epochs", str(args.epochs), "--classes", str(args.classes)]
+    return command + ["--per-class", str(args.per_class), "--device", args.device] + (["--config", args.config] if args.config else [])
 
 
 def fits(args: argparse.Namespace, precision: str, cached: bool, copies: int, code: str | None = None) -> dict:
     """``copies`` child fits at once, each with the machine's CPUs / copies; their results and the GPU's samples.
-    ``code``: a checkout whose training core the children run instead of this one's."""
+    ``code``: a checkout whose training core the children import first (``PYTHONPATH``, the working folder not put
+    before it) instead of this one's."""
     threads = max(1, (os.cpu_count() or 1) // copies)
     env = {**os.environ, "DML_CACHE_MAX_GB": os.environ.get("DML_CACHE_MAX_GB", "64") if cached else "0"}
+    if code:
+        env.update(PYTHONPATH=os.pathsep.join([str(Path(code).resolve()), str(harness.ROOT)]), PYTHONSAFEPATH="1")
     with tempfile.TemporaryDirectory() as barrier, GpuSampler() as gpu:
-        command = child_command(args, precision, threads, code) + ["--barrier", barrier]
-        children = [subprocess.Popen(command + ["--rank", str(i)], env=env, stdout=subprocess.PIPE, text=True) for i in range(copies)]
+        command = child_command(args, precision, threads) + ["--barrier", barrier]
+        children = [subprocess.Popen(command + ["--rank", str(i)], cwd=harness.ROOT, env=env, stdout=subprocess.PIPE, text=True)
+                    for i in range(copies)]  # fmt: skip
         outputs: list[str] = []
         reader = threading.Thread(target=lambda: outputs.extend(child.communicate()[0] for child in children))
         reader.start()
@@ -221,6 +221,8 @@ def fits(args: argparse.Namespace, precision: str, cached: bool, copies: int, co
     if any(child.returncode for child in children) or go is None:
         raise RuntimeError(f"a child fit failed (exit codes {[c.returncode for c in children]})")
     results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    if code and not all(r["engine"].startswith(str(Path(code).resolve())) for r in results):
+        raise RuntimeError(f"a child trained {results[0]['engine']}, not the core of {code}")
     last = max(r["epochs"][-1]["end"] for r in results)
     together = sum(e["images"] for r in results for e in r["epochs"][1:]) / (last - go)  # every epoch after the go
     return {"precision": precision, "cached": cached, "copies": copies, "threads": threads, "code": code or "this checkout",
@@ -230,35 +232,48 @@ def fits(args: argparse.Namespace, precision: str, cached: bool, copies: int, co
 
 def save(args: argparse.Namespace, report: dict) -> None:
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        harness.write(args.out, json.dumps(report, indent=1) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(markdown(report))
+        harness.write(args.markdown, markdown(report))
 
 
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [f"GPU path on {env['gpu']} ({env['cpus']} CPUs, torch {env['torch']}), {report['data']}.", ""]
-    lines += ["| step alone: backbone | precision | images/s | peak GiB |", "| --- | --- | ---: | ---: |"]
-    lines += [f"| {s['backbone']} | {s['precision']} | {s['images_per_s']:,.0f} | {s['peak_gib']:.1f} |" for s in report["step"]]
-    head = "engine.fit: code | images | precision | processes | CPUs each | workers each | train images/s (sum) | waiting for data"
-    tail = "GPU busy after epoch 1 | eval s | epoch s | images/s, all at once (wall)"
-    lines += ["", f"| {head} | {tail} |", "| --- | --- | --- |" + " ---: |" * 9]
-    lines += [fit_row(f) for f in report["fit"] + report["pack"]]
-    return "\n".join(lines) + "\n"
+    step = ((s["backbone"], s["precision"], f"{s['images_per_s']:,.0f}", f"{s['peak_gib']:.1f}") for s in report["step"])
+    lines += harness.table(["step alone: backbone", "precision", "images/s", "peak GiB"], step)
+    header = ["engine.fit: code", "images", "precision", "processes", "CPUs each", "workers each", "train images/s (sum)"]
+    header += ["waiting for data", "GPU busy after epoch 1", "eval s", "epoch s", "images/s, all at once (wall)"]
+    return "\n".join([*lines, "", *harness.table(header, (fit_row(f) for f in report["fit"] + report["pack"]))]) + "\n"
 
 
-def fit_row(f: dict) -> str:
+def fit_row(f: dict) -> tuple:
     children = f["children"]
     share = statistics.fmean(c["data_share"] for c in children)
-    util = "-" if f.get("util_steady") is None else f"{f['util_steady']:.0f} %"
     eval_s = statistics.fmean(c["eval_s"] or 0 for c in children)
     epoch_s = statistics.fmean(statistics.median(e["time/epoch_s"] for e in c["epochs"][1:] or c["epochs"]) for c in children)
-    return (
-        f"| {f.get('code', 'this checkout')} | {'cache' if f['cached'] else 'PIL'} | {f['precision']} | {f['copies']} | {f['threads']} "
-        f"| {children[0]['workers']} | {f['images_per_s']:,.0f} | {share:.0%} | {util} | {eval_s:.2f} "
-        f"| {epoch_s:.2f} | {f.get('together_images_per_s', 0):,.0f} |"
-    )
+    return (f.get("code", "this checkout"), "cache" if f["cached"] else "PIL", f["precision"], f["copies"], f["threads"],
+            children[0]["workers"], f"{f['images_per_s']:,.0f}", f"{share:.0%}", harness.cell(f.get("util_steady"), ".0f", " %"),
+            f"{eval_s:.2f}", f"{epoch_s:.2f}", f"{f.get('together_images_per_s', 0):,.0f}")  # fmt: skip
+
+
+def bound(report: dict) -> int:
+    """The bound on this run's fits: each PIL fit (train images/s) and each packed one (all at once) against the cached
+    fit alone of its precision and core."""
+    fits = report["fit"] + report["pack"]
+    alone = {(f["precision"], f["code"]): f for f in fits if f["cached"] and f["copies"] == 1}
+    checks = []
+    for f in fits:
+        one = alone.get((f["precision"], f["code"]))
+        if one and not f["cached"]:
+            rates = one["images_per_s"], f["images_per_s"]
+            checks.append((rates[0] > rates[1], f"{f['precision']}: the cache {rates[0]:,.0f}, PIL {rates[1]:,.0f}"))
+        elif one and f["copies"] > 1:
+            rates = f["together_images_per_s"], one["together_images_per_s"]
+            checks.append((rates[0] > rates[1], f"{f['precision']}: {f['copies']} packed {rates[0]:,.0f}, one {rates[1]:,.0f}"))
+    held = all(ok for ok, _ in checks) if checks else None
+    measured = "; ".join(text for _, text in checks)
+    return harness.bound(held, f"the cache's fit faster than PIL's and K packed fits faster all at once than one ({measured})")
 
 
 def environment() -> dict:
@@ -266,13 +281,13 @@ def environment() -> dict:
     return {"gpu": gpu, "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.child:
         print(json.dumps(child_fit(args)))
-        return
+        return 0
     if not torch.cuda.is_available() and not args.allow_cpu and args.device == "cuda":
-        raise SystemExit("bench/gpu_path.py: no CUDA device; this bench measures the GPU path")
+        raise SystemExit("bench.gpu_path: no CUDA device; this bench measures the GPU path")
     started = time.perf_counter()
     report = {"environment": environment(), "args": vars(args), "step": [], "fit": [], "pack": []}
     if args.config:
@@ -280,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         batch = f"{config.classes_per_batch} x {config.samples_per_class}"
         report["data"] = f"{config.dataset} from {args.root}, {args.config}: batches of {batch}"
     else:
+        from tests.photo_data import make_cub
+
         make_cub(Path(args.root), scale=args.scale, workers=os.cpu_count() or 1)
         report["data"] = f"CUB-shaped, {args.scale:g} x 11,788 images, batches of {args.classes} x {args.per_class}"
     report["data_s"] = time.perf_counter() - started
@@ -294,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         save(args, report)
         print(f"[{report['elapsed_s']:6.0f} s] {name}: {json.dumps(report[name][-1])[:300]}", flush=True)
     print(markdown(report))
+    return bound(report)
 
 
 def stages(args: argparse.Namespace):
@@ -315,7 +333,7 @@ def stages(args: argparse.Namespace):
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_path", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--root",
         required=True,
@@ -351,7 +369,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="bf16", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--code", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -362,4 +379,4 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,25 +1,23 @@
-"""python bench/gpu_study.py: a whole study on one GPU through Ray, then its final model, in one run.
+"""A whole study on one GPU through Ray, then its final model, in one run.
 
-What bench/gpu_path.py measures piece by piece (the step, the loader, K processes sharing a GPU), run the way a
-user runs it: ``python -m study.launch`` on a CUB-shaped photo set (bench/photo_data.py, generated under
---root) with fractional GPUs (``--gpus-per-trial 1/K --cpus-per-trial CPUs/K``: K trials share the GPU), the
-budget-aware scheduler, the race and the MLflow records, then ``python -m study.final --study NAME`` on the same
-GPU. For each K it reports:
+Workload: what bench/gpu_path.py measures piece by piece, run the way a user runs it: ``python -m study.launch`` on a
+CUB-shaped photo set (tests/photo_data.py, generated under --root) with K trials sharing the GPU
+(``--gpus-per-trial 1/K --cpus-per-trial CPUs/K``), the default scheduler, the race and the MLflow records, then
+``python -m study.final --study NAME`` on the same GPU. The space (``space_yaml``): the default space's two families
+and batch search on photos, a fixed backbone and precision, trained from scratch (so the scores say the stack works,
+not how good a CUB model gets). For each K it reports the study's own end summary (wall time, trials, epochs, its
+slots' utilization, Ray's start-up), the GPU's utilization and memory as ``nvidia-smi`` samples them, epochs per
+second of wall time, and the final's wall time and test metrics.
 
-- the study's own end summary: wall time, trials, epochs trained, its slots' utilization and Ray's start-up;
-- the GPU's utilization and memory as ``nvidia-smi`` samples them over the study (Ray's start-up included);
-- epochs per second of wall time: against bench/gpu_path.py's packed fits (docs/bench/gpu_pack.md), what the
-  study's overheads (trial start-up, the driver, the records) leave of the GPU's throughput;
-- the final model's wall time and its test metrics.
+Question: what do a study's overheads (trial start-up, the driver, the records) leave of the GPU's throughput, and
+does packing trials on the GPU pay in a whole study?
 
-The space is written by this script (``space_yaml``): the default space's two families and batch search on
-photos, with a fixed backbone and precision. Training is from scratch (no weights can be downloaded on a
-machine without internet), so the scores say the stack works, not how good a CUB model gets. Needs what the
-project installs; Ray, MLflow, Optuna and faiss must be importable.
+Bound: every study and final ends with exit status 0, and with K = 1 in ``--pack`` beside larger K, each packed study
+trains more epochs per second than one trial at a time.
 
-  python bench/gpu_study.py --root /tmp/gpu_photos --work /tmp/gpu_study --out docs/bench/gpu_study.json \\
+  python -m bench.gpu_study --root /tmp/gpu_photos --work /tmp/gpu_study --out docs/bench/gpu_study.json \\
       --markdown docs/bench/gpu_study.md
-  python bench/gpu_study.py --root /tmp/gs --work /tmp/gsw --scale 0.02 --backbone resnet18 --image-size 64 \\
+  python -m bench.gpu_study --root /tmp/gs --work /tmp/gsw --scale 0.1 --backbone resnet18 --image-size 64 \\
       --max-classes 6 --trials 2 --epochs 2 --allow-cpu        # a quick look on a machine without a GPU
 """
 
@@ -36,11 +34,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.gpu_path import GpuSampler, environment  # noqa: E402
-from bench.photo_data import make_cub  # noqa: E402
+from bench import harness
+from bench.gpu_path import GpuSampler, environment
 
 SUMMARY = re.compile(r"finished in (?P<wall>\d+) s: (?P<trials>\d+) trials, .* (?P<epochs>\d+) epochs trained")
 UTILIZATION = re.compile(r"utilization (?P<util>[\d.]+): .* x (?P<slots>\d+) slots\); Ray start-up (?P<startup>[\d.]+) s")
@@ -53,7 +48,7 @@ def space_yaml(args: argparse.Namespace) -> dict:
     and the learning rate; dataset, backbone, precision and the budget fixed."""
     third = max(1, args.max_classes // 3)
     return {
-        "description": "bench/gpu_study.py: both families on CUB-shaped photos, one GPU",
+        "description": "bench.gpu_study: both families on CUB-shaped photos, one GPU",
         "final_budget_factor": 1,
         "fixed": {
             "dataset": "cub200",
@@ -92,7 +87,7 @@ def run_logged(command: list[str], cwd: Path, log: Path) -> tuple[int, float, st
     """Run ``command`` in ``cwd`` with its output in ``log``: (exit status, wall seconds, output)."""
     started = time.perf_counter()
     with log.open("w") as out:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(harness.ROOT)}  # this checkout's study and core
         code = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     return code, time.perf_counter() - started, log.read_text()
 
@@ -128,33 +123,38 @@ def study_row(args: argparse.Namespace, packed: int, work: Path) -> dict:
 
 
 def markdown(report: dict) -> str:
-    env = report["environment"]
-    lines = [f"A study on {env['gpu']} ({env['cpus']} CPUs, torch {env['torch']}), {report['data']}.", ""]
-    lines += ["| trials per GPU | CPUs each | trials | epochs trained | command s | study s | epochs/s of the study | slots busy "
-              "| GPU busy | GPU MiB max | Ray start-up s | final s (seeds) | final GPU busy | test R@1 |",
-              "| ---: |" + " ---: |" * 13]  # fmt: skip
+    env, cell = report["environment"], harness.cell
+    header = ["trials per GPU", "CPUs each", "trials", "epochs trained", "command s", "study s", "epochs/s of the study", "slots busy",
+              "GPU busy", "GPU MiB max", "Ray start-up s", "final s (seeds)", "final GPU busy", "test R@1"]  # fmt: skip
+    rows = []
     for r in report["studies"]:
         final = f"{r['final_s']:.0f} ({report['args']['final_seeds']})" if "final_s" in r else "-"
-        lines.append(
-            f"| {r['packed']} | {r['cpus_per_trial']} | {r.get('trials', '-')} | {r.get('epochs', '-')} "
-            f"| {r['launch_s']:.0f} | {r.get('wall', '-')} "
-            f"| {r.get('epochs_per_s', 0):.2f} | {r.get('slot_utilization', 0):.2f} | {fmt(r['util_mean'], '.0f', ' %')} "
-            f"| {fmt(r['mem_max_mib'], ',.0f')} | {r.get('ray_startup_s', 0):.1f} | {final} | {fmt(r.get('final_util_mean'), '.0f', ' %')} "
-            f"| {fmt(r.get('test_recall_at_1'), '.3f')} |"
-        )
+        rows.append((r["packed"], r["cpus_per_trial"], r.get("trials", "-"), r.get("epochs", "-"), f"{r['launch_s']:.0f}",
+                     r.get("wall", "-"), f"{r.get('epochs_per_s', 0):.2f}", f"{r.get('slot_utilization', 0):.2f}",
+                     cell(r["util_mean"], ".0f", " %"), cell(r["mem_max_mib"], ",.0f"), f"{r.get('ray_startup_s', 0):.1f}", final,
+                     cell(r.get("final_util_mean"), ".0f", " %"), cell(r.get("test_recall_at_1"), ".3f")))  # fmt: skip
+    lines = [f"A study on {env['gpu']} ({env['cpus']} CPUs, torch {env['torch']}), {report['data']}.", "", *harness.table(header, rows)]
     return "\n".join(lines) + "\n"
 
 
-def fmt(value: float | None, spec: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
+def bound(studies: list[dict]) -> int:
+    """Every command ended with 0, and each packed study beat K = 1's epochs per second when K = 1 ran."""
+    ended = all(r["launch_exit"] == 0 and r.get("final_exit", 0) == 0 for r in studies)
+    one = next((r.get("epochs_per_s", 0) for r in studies if r["packed"] == 1), None)
+    faster = [r.get("epochs_per_s", 0) > one for r in studies if r["packed"] > 1] if one is not None else []
+    rates = ", ".join(f"K = {r['packed']}: {r.get('epochs_per_s', 0):.2f}" for r in studies)
+    faster_than_one = ", each packed study faster than K = 1" if one is not None else ""
+    return harness.bound(ended and all(faster), f"every command exits 0{faster_than_one} (epochs/s {rates})")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
+    from tests.photo_data import make_cub
+
     if not torch.cuda.is_available() and not args.allow_cpu:
-        raise SystemExit("bench/gpu_study.py: no CUDA device; this bench measures a study on a GPU (--allow-cpu for a look)")
+        raise SystemExit("bench.gpu_study: no CUDA device; this bench measures a study on a GPU (--allow-cpu for a look)")
     started = time.perf_counter()
     make_cub(Path(args.root), scale=args.scale, workers=os.cpu_count() or 1)
     report = {"environment": environment(), "args": vars(args), "studies": [], "data_s": time.perf_counter() - started}
@@ -168,18 +168,17 @@ def main(argv: list[str] | None = None) -> None:
         report["studies"].append(study_row(args, packed, work))
         print(json.dumps(report["studies"][-1]), flush=True)
         if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+            harness.write(args.out, json.dumps(report, indent=1) + "\n")
         if args.markdown:
-            Path(args.markdown).write_text(markdown(report))
+            harness.write(args.markdown, markdown(report))
     print(markdown(report))
+    return bound(report["studies"])
 
 
-def photo_bench_parser(description: str, work: str) -> argparse.ArgumentParser:
-    """The flags this bench shares with bench/gpu_final.py: the generated set, the model, where the commands run and
-    write; ``work`` says what --work holds."""
-    parser = argparse.ArgumentParser(description=description)
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_study", description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="where the CUB-shaped set is generated (once) and its cache kept")
-    parser.add_argument("--work", required=True, help=work)
+    parser.add_argument("--work", required=True, help="folder of the studies' runs/ (one sub-folder per K)")
     parser.add_argument("--log-dir", default=None, help="where each command's output is kept (default: --work)")
     parser.add_argument("--scale", type=float, default=1.0, help="of CUB's 11,788 images (default: the full count)")
     parser.add_argument("--backbone", default="resnet50")
@@ -188,24 +187,15 @@ def photo_bench_parser(description: str, work: str) -> argparse.ArgumentParser:
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a look at the bench itself)")
     parser.add_argument("--out")
     parser.add_argument("--markdown")
-    return parser
-
-
-def parse_photo_bench(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    args = parser.parse_args(argv)
-    args.log_dir = args.log_dir or args.work
-    return args
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = photo_bench_parser(__doc__.splitlines()[0], "folder of the studies' runs/ (one sub-folder per K)")
     parser.add_argument("--max-classes", type=int, default=60, help="C searched in thirds of it (default: 20, 40, 60)")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--pack", type=int, nargs="+", default=[4], help="trials per GPU, one study each (default: 4)")
     parser.add_argument("--final-seeds", type=int, default=3, help="seeds of study.final (0: no final model)")
-    return parse_photo_bench(parser, argv)
+    args = parser.parse_args(argv)
+    args.log_dir = args.log_dir or args.work
+    return args
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

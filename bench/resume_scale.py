@@ -1,44 +1,33 @@
-"""A study of thousands of trials, its driver SIGKILLed mid-study and resumed: what the resume costs, what the driver holds.
+"""A study of thousands of trials, its driver SIGKILLed mid-study and resumed: what the resume costs, what it keeps.
 
-One rehearsal (``python -m study.launch --rehearse EPOCH_S --ray-cpus SLOTS --max-concurrent SLOTS --num-samples
-TRIALS --epochs 16 --space SPACE``, ``DML_RUNS_DIR`` a folder of its own) runs until its progress line counts
-KILL_AT finished trials (complete + pruned). The driver and the local Ray it started (its process group) are then
-SIGKILLed, as a lost head node or an out-of-memory kill leaves a study, and ``python -m study.launch --study-name
-NAME --resume`` continues it to its end. Both drivers are sampled every 0.5 s (bench/study_scale.py's sampler: the
-driver's CPU-seconds and RSS, the MLflow spool's length).
+Workload: one rehearsal (``python -m study.launch --rehearse EPOCH_S --ray-cpus SLOTS --max-concurrent SLOTS
+--num-samples TRIALS --epochs 16 --space SPACE``, ``DML_RUNS_DIR`` a folder of its own) runs until its progress line
+counts KILL_AT finished trials. The driver and the local Ray it started (its process group) are then SIGKILLed, as a
+lost head node or an out-of-memory kill leaves a study, and ``python -m study.launch --study-name NAME --resume``
+continues it to its end. Both drivers are sampled every 0.5 s (bench.study_scale's sampler). One JSON line per kill:
+what each driver cost (wall, CPU-seconds, peak RSS; the resume's seconds to its header, its first progress line and
+its end) and the records once it has ended (Optuna trials by state, MLflow runs by status, the spool's lines left).
 
-Measured, one JSON line per run:
+With ``--repeat``, a soak: small studies killed and resumed again and again, each kill landing at another moment
+(inside an MLflow transaction, an append to Optuna's journal, an ask...). Run it beside a busy loop per core.
 
-* the first driver: wall to the kill, peak RSS, CPU-seconds, trials finished when killed;
-* the resume: seconds from its start to the header it prints once ``Tuner.restore`` has read the experiment and just
-  before ``Tuner.fit``, to its first progress line (``fit``'s restore of every trial and the searcher's reconciliation
-  of Optuna's trials with its saved state, 79832a9) and to its exit; its peak RSS (at the end it holds all TRIALS
-  trials) and CPU-seconds;
-* the records once it has ended: Optuna trials by state, MLflow trial runs by status, Optuna numbers with no run
-  or with more than one, runs still RUNNING, the spool's lines left. A study that kept its records has one run
-  per Optuna trial, none RUNNING, an empty spool.
+Question: does a study killed at any moment resume to its end with its records whole, and what does that cost at
+thousands of trials?
 
-Run it (5,000 trials killed at 4,000 took 72 minutes on this 2-core machine: 60 to the kill, 11 to resume and end; docs/scale.md):
+Bound: every kill resumes with its records whole: the resume exits 0, one MLflow run per Optuna trial, none twice,
+none RUNNING, the parent run FINISHED, the spool empty.
 
-  python bench/resume_scale.py --trials 5000 --kill-at 4000 --slots 32 --epoch-seconds 0.05 --keep /tmp/resume_scale
+  python -m bench.resume_scale --trials 5000 --kill-at 4000 --slots 32 --epoch-seconds 0.05 --keep /tmp/resume_scale
+  python -m bench.resume_scale --trials 20 --kill-at 6 --slots 8 --repeat 10 --out /tmp/soak.jsonl      # the soak
 
-Results are appended to docs/bench/resume_scale.jsonl with the commit, the date, the load average and the command.
-
-A soak of the kill itself: small studies killed and resumed again and again, each kill landing at another moment
-(inside an MLflow transaction, an append to Optuna's journal, an ask...). It exits 1 unless every one resumed with its
-records whole, and says how many did. It found the three faults of docs/reliability.md's rows of 2026-11-26
-(f23719d, 190e17f, 2b28aaf); run it beside a busy loop per core, as then:
-
-  python bench/resume_scale.py --trials 20 --kill-at 6 --slots 8 --repeat 10 --out /tmp/soak.jsonl
+Rows are appended to docs/bench/resume_scale.jsonl with the commit, the date, the load average and the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import shlex
 import signal
@@ -51,7 +40,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from study_scale import ROOT, Sampler, errors_in, machine_state
+from bench import harness
+from bench.harness import ROOT
+from bench.study_scale import Sampler, errors_in
 
 PROGRESS = re.compile(r"^\[.*?\] \d+/\d+ trials: (\d+) running, (\d+) complete, (\d+) pruned, (\d+) failed")
 
@@ -177,7 +168,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     parser = argparse.ArgumentParser(
-        prog="python bench/resume_scale.py",
+        prog="python -m bench.resume_scale",
         description=doc[0],
         epilog="\n\n".join(doc[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -209,15 +200,11 @@ def once(args: argparse.Namespace, argv: list[str], commit: str) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="resume_scale_") as tmp:
         workdir = Path(args.keep or tmp) / f"{args.slots}x{args.trials}-{int(time.time())}"
         workdir.mkdir(parents=True)
-        state = machine_state()
+        state = harness.machine_state()
         row = run(args, workdir)
-    row.update(state)
-    row.update(loadavg_after=os.getloadavg(), commit=commit, bench_command="python bench/resume_scale.py " + shlex.join(argv))
-    row.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), workdir=str(workdir) if args.keep else None)
-    row["machine"] = f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    row.update(state, loadavg_after=os.getloadavg(), commit=commit, bench_command=harness.command("resume_scale", argv))
+    row.update(date=harness.now(), workdir=str(workdir) if args.keep else None, machine=harness.machine_line())
+    harness.append_row(args.out, row)
     first, resume, kept = row["first"], row["resume"], row["records"]
     print(
         f"first driver: killed at {first['finished_when_killed']} finished after {first['wall_s']:.0f} s, peak RSS "
@@ -237,13 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--kill-at: expected between 1 and --trials - 1 ({args.trials - 1}), got {args.kill_at}")
     if args.repeat < 1:
         build_parser().error(f"--repeat: expected an integer >= 1, got {args.repeat}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = harness.commit()
     rows = [once(args, argv, commit) for _ in range(args.repeat)]
-    if args.repeat > 1:
-        headers = sorted(row["resume"]["header_s"] for row in rows if row["resume"]["header_s"] is not None)
-        spread = f"; headers at {headers[0]:.1f} to {headers[-1]:.1f} s" if headers else ""
-        print(f"{sum(map(whole, rows))} of {len(rows)} kills resumed with their records whole{spread}", flush=True)
-    return 0 if all(map(whole, rows)) else 1
+    headers = sorted(row["resume"]["header_s"] for row in rows if row["resume"]["header_s"] is not None)
+    spread = f"; headers at {headers[0]:.1f} to {headers[-1]:.1f} s" if headers else ""
+    return harness.bound(
+        all(map(whole, rows)), f"every kill resumes with its records whole ({sum(map(whole, rows))} of {len(rows)}{spread})"
+    )
 
 
 if __name__ == "__main__":

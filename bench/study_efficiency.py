@@ -1,38 +1,30 @@
 """Study efficiency on Omniglot: the exhaustive grid against searches with the budget scheduler and with stock ASHA.
 
-The space (bench/efficiency_search.yaml) holds 56 configurations of both loss
-families, heated-up softmax with and without heating and ICE, 8 epochs each.
-The benchmark runs, with ``python -m study.launch``:
+Workload: the space bench/efficiency_search.yaml, 56 configurations of both loss families (heated-up softmax with and
+without heating, ICE) of 8 epochs each, run with ``python -m study.launch``: the grid (every configuration to the full
+budget, nothing stopped: the space enumerated by Optuna's BruteForceSampler into a ``variants`` space), then for each
+sampler seed (default 0, 1, 2) four searches of the same number of trials, {budget scheduler, stock ASHA} x {TPE,
+random search}, grace period a quarter of the budget, reduction factor 4, no race, 2 trials at a time. For each
+search: the best validation Recall@1 of a trial trained to the full budget, its gap to the grid's best, the epochs
+spent as a share of the grid's, and the epochs spent until the best found came within 1 point of the grid's best
+(the anytime curve, in the order trials finished); the median over the seeds per variant. Also how well each
+scheduler's first rung ranks configurations by their full-budget value from the grid (Spearman).
 
-* grid: every configuration for the full budget, nothing stopped (the space
-  enumerated by Optuna's BruteForceSampler into a ``variants`` space);
-* for each sampler seed (default 0, 1, 2) four searches of the same number of
-  trials: {budget scheduler, stock ASHA} x {TPE, random search}, grace period
-  a quarter of the budget, reduction factor 4, no confirmation runs (the grid
-  has none either), 2 trials at a time.
+Question: does a search find what the grid finds, for a fraction of its epochs?
 
-For each search it reports the best validation Recall@1 of a trial trained to
-the full budget, its gap to the grid's best, the epochs spent as a share of the
-grid's, and the epochs spent until the best found came within 1 point of the
-grid's best (the anytime curve, in the order trials finished); the median over
-the seeds per variant. It also reports how well each scheduler's first rung
-ranks configurations by their full-budget value from the grid (Spearman):
-stock ASHA's rung is epoch 2 of the 8-epoch schedule (read from the grid, all
-56 configurations), the budget scheduler's is the end of a schedule scaled to
-2 epochs (read from its searches' trials, every configuration they drew).
+Bound (issue 11): every search comes within 1 point of the grid's best validation Recall@1 on at most 30 % of the
+grid's epochs (the median over the seeds of the anytime reading).
+
+  DML_DATA_ROOT=../shared/data python -m bench.study_efficiency          # about an hour on 2 idle cores
+  python -m bench.study_efficiency --reuse                               # recompute from the stored studies
 
 Results go to docs/bench/study_efficiency.{json,md,png}.
-
-  DML_DATA_ROOT=../shared/data python bench/study_efficiency.py            # ~60 min on 2 idle cores
-  python bench/study_efficiency.py --reuse                                 # recompute from the stored studies
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,13 +36,12 @@ import yaml
 from mlflow import MlflowClient
 from scipy.stats import spearmanr
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from study.records import tracking  # noqa: E402
-from study.search.journal import open_storage  # noqa: E402
-from study.search.spaces import VARIANT, load_space  # noqa: E402
-from study.search.trial import epochs_trained  # noqa: E402
+from bench import harness
+from bench.harness import ROOT
+from study.records import tracking
+from study.search.journal import open_storage
+from study.search.spaces import VARIANT, load_space
+from study.search.trial import epochs_trained
 
 SEARCH = ROOT / "bench" / "efficiency_search.yaml"
 SEARCHES = ("budget-tpe", "budget-random", "asha-tpe", "asha-random")  # scheduler-sampler
@@ -76,7 +67,7 @@ def write_grid_space(points: list[dict], path: Path) -> Path:
     """The grid as a ``variants`` space: the search space's fixed keys, one variant per configuration."""
     fixed = yaml.safe_load(SEARCH.read_text())["fixed"]
     text = {
-        "description": f"every configuration of {SEARCH.name} ({len(points)}), written by bench/study_efficiency.py",
+        "description": f"every configuration of {SEARCH.name} ({len(points)}), written by bench.study_efficiency",
         "fixed": fixed,
         "variants": {point_name(p): p for p in points},
     }
@@ -269,14 +260,8 @@ def markdown(payload: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def machine_of(args: argparse.Namespace) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "optuna": optuna.__version__,
-            "max_concurrent": args.max_concurrent}  # fmt: skip
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.study_efficiency", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default=str(ROOT / "runs" / "bench"), help="where the studies are stored (default runs/bench)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for study_efficiency.{json,md,png}")
     parser.add_argument("--search-trials", type=int, default=24, help="trials of every search (default 24)")
@@ -321,20 +306,22 @@ def main(argv: list[str] | None = None) -> int:
         runs = [f"{variant}-{seed}" for seed in args.seeds]
         results[variant] = [summarize(trials[key], grid_best, grid_epochs, walls[key]) for key in runs]
     searches = {key: value for key, value in trials.items() if key != "grid"}
+    machine = {**harness.machine(), "optuna": optuna.__version__, "max_concurrent": args.max_concurrent}
     payload = {
-        "machine": machine_of(args), "configurations": len(points), "max_epochs": max_epochs, "seeds": args.seeds,
+        "machine": machine, "configurations": len(points), "max_epochs": max_epochs, "seeds": args.seeds,
         "search_trials": args.search_trials, "searches": args.searches, "grid_best": grid_best, "grid_epochs": grid_epochs,
         "results": results,
         "first_rung": first_rung_fidelity(grid_trials, searches, final_map_at_r(grid_trials, args.tracking_uri), grace, max_epochs),
     }  # fmt: skip
-    command = "DML_DATA_ROOT=../shared/data python bench/study_efficiency.py" + (f" --tag {args.tag}" if args.tag else "")
+    command = "DML_DATA_ROOT=../shared/data " + harness.command("study_efficiency", ["--tag", args.tag] if args.tag else [])
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "study_efficiency.json").write_text(json.dumps(payload, indent=1, default=str))
+    harness.write(out / "study_efficiency.json", json.dumps(payload, indent=1, default=str))
     plot(results, grid_best, out / "study_efficiency.png")
-    (out / "study_efficiency.md").write_text(markdown(payload, command))
-    print((out / "study_efficiency.md").read_text())
-    return 0
+    print(harness.write(out / "study_efficiency.md", markdown(payload, command)).read_text())
+    shares = {variant: median_row(results[variant])["share_of_grid_epochs_to_within_1_point"] for variant in args.searches}
+    measured = ", ".join(f"{variant} {share:.0%}" for variant, share in shares.items())
+    statement = f"every search within 1 point of the grid's best on at most 30 % of its epochs ({measured})"
+    return harness.bound(all(share <= 0.3 for share in shares.values()), statement)
 
 
 if __name__ == "__main__":

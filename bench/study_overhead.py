@@ -1,31 +1,30 @@
 """Study utilization and where a trial's seconds go, for variants of the launch side by side.
 
-Runs ``python -m study.launch`` as a subprocess for the smoke study (``--space smoke``) and a
-short default study (few trials and epochs), once per variant and repeat, interleaved, each in
-its own MLflow store, Optuna journal and Ray storage. From the study's own records it reports:
+Workload: ``python -m study.launch`` as a subprocess for the smoke study (``--space smoke``) and a short default
+study (few trials and epochs), once per variant and repeat, interleaved, each in its own MLflow store, Optuna
+journal and Ray storage. From the study's own records it reports:
 
-* wall time (the parent run's ``wall_time_s``: from Tuner creation to the end of the study),
-  the in-trial seconds (``time_epoch_s`` summed over every epoch of every child run, search and
-  confirmation) and the utilization of ``study.utilization``;
-* start-up: from the process start to the ``study NAME: ...`` line printed just before
-  ``Tuner.fit()`` (interpreter, imports, ``ray.init``, opening Optuna and MLflow), and from
+* wall time (the parent run's ``wall_time_s``, from Tuner creation to the end), the in-trial seconds (``time_epoch_s``
+  of every epoch of every child run) and the utilization of ``study.records.utilization``;
+* start-up: the process start to the ``study NAME: ...`` line printed just before ``Tuner.fit()``, and from
   ``Tuner.fit()`` to the first trial's start and to its first epoch report;
-* per trial (means over the search trials): waiting for a worker (Optuna's ask to the trial's
-  start in Tune, when its actor is up), set-up inside the trial before its first epoch (config,
-  dataset, model; the first report's checkpoint), the overhead between epochs (checkpoint,
-  report, a new budget's set-up) and the tail after its last report;
-* the Ray worker processes the trials ran in (distinct pids in Tune's result.json files).
+* per search trial (means): waiting for a worker, set-up before its first epoch, the overhead between epochs, the tail
+  after its last report; and the Ray worker processes the trials ran in.
 
-A variant is ``NAME=SPEC``: SPEC holds environment assignments (``VAR=value``) and extra
-launch flags (``--max-concurrent 4``). The token ``+reuse_actors`` runs the launch with
-``tune.TuneConfig(reuse_actors=True)`` set by this script (for a launch without its own flag).
-The token ``@PATH`` runs the launch of another checkout (an earlier commit: ``git worktree add
-PATH COMMIT``), so that code before and after a change is measured side by side.
+A variant is ``NAME=SPEC``: SPEC holds environment assignments (``VAR=value``) and extra launch flags
+(``--max-concurrent 4``). ``+reuse_actors`` runs the launch with ``tune.TuneConfig(reuse_actors=True)`` set by this
+script; ``@PATH`` runs the launch of another checkout (``git worktree add PATH COMMIT``), to measure code before and
+after a change side by side.
 
-  DML_DATA_ROOT=../shared/data python bench/study_overhead.py                          # smoke and short default, baseline vs reused actors
-  python bench/study_overhead.py --studies smoke --variant base= --variant four='--max-concurrent 4'
-  python bench/study_overhead.py --studies smoke --variant before=@/tmp/before --variant after=   # two commits
-  python bench/study_overhead.py --reuse                                               # the tables again from the .jsonl
+Question: how much of a study's wall time goes to training, and where does the rest go?
+
+Bound (issue 12, on an idle machine): utilization at least 0.9 for the default study and at least 0.75 for the smoke
+study, whose trials last seconds.
+
+  DML_DATA_ROOT=../shared/data python -m bench.study_overhead             # smoke and short default, base and reuse
+  python -m bench.study_overhead --studies smoke --variant base= --variant four='--max-concurrent 4'
+  python -m bench.study_overhead --studies smoke --variant before=@/tmp/before --variant after=   # two commits
+  python -m bench.study_overhead --reuse                                  # the tables again from the .jsonl
 
 Results: docs/bench/study_overhead.jsonl (one line per run) and docs/bench/study_overhead.md.
 """
@@ -35,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -46,10 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from study.records import utilization  # noqa: E402
+from bench import harness
+from bench.harness import ROOT
+from study.records import utilization
 
 EXPERIMENT = "dml-studies"
 REUSE_TOKEN = "+reuse_actors"
@@ -66,6 +63,7 @@ REUSE_SHIM = (
     "sys.argv = ['study.launch', *sys.argv[1:]]\n"
     "runpy.run_module('study.launch', run_name='__main__')\n"
 )
+TARGETS = {"smoke": 0.75, "default": 0.9}  # issue 12's utilization on an idle machine
 STUDIES = {
     "smoke": lambda a: ["--space", "smoke", "--num-samples", str(a.smoke_samples)],
     "default": lambda a: ["--space", "default", "--num-samples", str(a.default_samples), "--epochs", str(a.default_epochs)],
@@ -231,12 +229,12 @@ def measure(run: dict[str, Any], slots: int | None = None) -> dict[str, Any]:
         "worker_processes": len({p for s in pids.values() for p in s}),
         "tune_trials": len(pids),
         "launch_summary": run["summary_lines"],
-        "loadavg_after": os.getloadavg(),
+        "loadavg_after": harness.load(),
     }
 
 
 def f(value: Any, digits: int = 1) -> str:
-    return "-" if value is None or (isinstance(value, float) and value != value) else f"{value:.{digits}f}"
+    return harness.cell(value, f".{digits}f")
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -279,13 +277,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
-    return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.study_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--studies", nargs="+", default=["smoke", "default"], choices=sorted(STUDIES))
     parser.add_argument(
         "--variant",
@@ -307,14 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     variants = args.variant or ["base=", f"reuse={REUSE_TOKEN}"]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    command = "python bench/study_overhead.py " + shlex.join(argv or sys.argv[1:])
-    meta = {"machine": machine(), "commit": commit, "command": command, "variants": variants, "note": args.note}
+    command = harness.command("study_overhead", argv or sys.argv[1:])
+    meta = {"machine": harness.machine_line(), "commit": harness.commit(), "command": command, "variants": variants, "note": args.note}
     if args.reuse:
-        lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        lines = harness.read_rows(out)
         meta, rows = lines[0]["meta"], [line for line in lines if "meta" not in line]
-        out.with_suffix(".md").write_text(markdown(rows, meta))
-        return 0
+        harness.write(out.with_suffix(".md"), markdown(rows, meta))
+        return bound(rows)
     rows = []
     with tempfile.TemporaryDirectory(prefix="study_overhead_") as tmp:
         for study in args.studies:
@@ -322,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 for variant in variants:
                     workdir = Path(args.workdir or tmp) / f"{study}-{variant.partition('=')[0]}-{repeat}"
                     workdir.mkdir(parents=True, exist_ok=True)
-                    before = os.getloadavg()
+                    before = harness.load()
                     row = {**measure(launch(study, variant, args, workdir), args.slots), "repeat": repeat, "loadavg_before": before}
                     rows.append(row)
                     print(
@@ -331,11 +323,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"{f(row['fit_to_first_trial_s'])} s; {row['worker_processes']} worker processes for {row['tune_trials']} trials",
                         flush=True,
                     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(json.dumps(line) for line in [{"meta": meta}, *rows]) + "\n")
-    out.with_suffix(".md").write_text(markdown(rows, meta))
+    harness.write(out, "\n".join(json.dumps(line) for line in [{"meta": meta}, *rows]) + "\n")
+    harness.write(out.with_suffix(".md"), markdown(rows, meta))
     print(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
+    return bound(rows)
+
+
+def bound(rows: list[dict[str, Any]]) -> int:
+    """Issue 12's utilization targets, run by run."""
+    runs = ", ".join(f"{r['study']}/{r['variant']} {r['utilization']:.3f}" for r in rows)
+    held = all(r["utilization"] >= TARGETS[r["study"]] for r in rows) if rows else None
+    return harness.bound(held, f"utilization at least 0.9 for the default study and 0.75 for the smoke study ({runs})")
 
 
 if __name__ == "__main__":

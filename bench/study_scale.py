@@ -1,59 +1,40 @@
 """A study at cluster scale, rehearsed on one machine: the full stack against stock Ray Tune on the same surrogate.
 
-For each (slots, trials) of a grid it runs, one after the other in this invocation:
+Workload: for each (slots, trials) of a grid, one after the other, a study of the surrogate trainable
+(``trainables.surrogate``: it trains nothing and sleeps EPOCH_S per epoch, so what is left is the cost of
+orchestrating SLOTS trials on this machine's real cores), each trial asking for one logical CPU:
 
 * **full**: ``python -m study.launch --rehearse EPOCH_S --ray-cpus SLOTS --max-concurrent SLOTS --num-samples TRIALS
-  --epochs 16 --space SPACE`` (the driver, RacingSearcher/TPE, the budget scheduler, the confirmation re-runs,
-  the MLflow recorder and its spool, the Optuna journal) with ``DML_RUNS_DIR`` a fresh temporary folder, so each
-  run has its own MLflow sqlite store, Optuna journal and Ray storage;
-* **stock**: the same surrogate trainable (``trainables.surrogate.train_surrogate``) as a user would tune it by
-  hand: ``tune.Tuner`` with ``OptunaSearch`` (TPE, define-by-run over the same space), stock ``ASHAScheduler``
-  (max_t 16, grace 4, reduction 4), ``max_concurrent_trials=SLOTS``, ``MLflowLoggerCallback`` to a sqlite store
-  in a temporary folder, ``ray.init(num_cpus=SLOTS)``; Ray's and Tune's defaults otherwise (no actor reuse,
-  Tune's auto loggers, its progress table). It runs in a subprocess of its own (this script, ``_stock``);
-* **bare** (``--only bare``, ``--only full bare`` or ``all``): bare stock Ray Tune as Ray's own scalability benchmark runs it, the floor
-  under both: the same surrogate, no searcher (TRIALS configs drawn up front from the space by Optuna's random
-  sampler, one per trial), no scheduler (every trial trains its 16 epochs), no logging (Tune's auto loggers off:
-  ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``), ``max_concurrent_trials=SLOTS``, ``ray.init(num_cpus=SLOTS)``.
+  --epochs 16 --space SPACE``: the driver, TPE, the budget scheduler, the race's re-runs, the MLflow recorder and its
+  spool, the Optuna journal, in a fresh ``DML_RUNS_DIR``;
+* **stock**: the same surrogate as a user would tune it by hand: ``tune.Tuner`` with ``OptunaSearch`` (TPE,
+  define-by-run over the same space), ``ASHAScheduler`` (max_t 16, grace 4, reduction 4), ``max_concurrent_trials=SLOTS``,
+  ``MLflowLoggerCallback`` to a sqlite store, ``ray.init(num_cpus=SLOTS)``, Ray's defaults otherwise, in a process of
+  its own (``_stock``);
+* **bare** (``--only bare`` or ``all``): Ray's own scalability benchmark's floor: TRIALS configs drawn up front, no
+  searcher, no scheduler, no loggers.
 
-Each trial asks for one logical CPU, so SLOTS trials sleep side by side: the surrogate trains nothing and sleeps
-EPOCH_S per epoch, and what is left is the cost of orchestrating them on this machine's real cores.
+Measured per run (one JSON line each): the wall and fit wall against the minimum ((epochs reported) x EPOCH_S /
+SLOTS); the driver's own CPU-seconds and peak RSS (psutil, every 0.5 s; Ray's processes apart); the MLflow backlog.
 
-What is measured per run (one JSON line each):
+Question: what does the study driver cost when a study has many slots and many trials, against stock Ray Tune?
 
-* wall: process start to exit; fit wall: from the header printed just before ``Tuner.fit`` to the last progress
-  line (full), or ``Tuner.fit`` itself (stock);
-* minimum: (epochs reported by every trial, re-runs included) x EPOCH_S / SLOTS, and wall / minimum;
-  epochs are the lines of Tune's ``result.json`` files (full; the Optuna user attr ``epochs_trained`` of the
-  search trials is recorded beside them) or the ``training_iteration`` of each result in the ResultGrid (stock);
-* the driver's own CPU-seconds (psutil samples of the driver process every 0.5 s, its last sample before exit;
-  Ray's gcs_server, raylet and workers are the driver's descendants and counted apart, as is the whole machine's
-  busy CPU over the run), CPU-s per trial and per reported epoch;
-* the driver's peak RSS (the same samples); for full, the longest MLflow backlog: the line count of
-  ``$DML_RUNS_DIR/spool/NAME.jsonl`` sampled every 0.5 s;
-* results per second sustained (reported epochs / fit wall), start-up (process start to ``Tuner.fit``) and the
-  end of the study (from the last progress line, or ``Tuner.fit``'s return, to the process's exit).
+Bound (issue 27): at each (slots, trials) where both ran, the full stack's driver CPU per trial is at most half stock
+Ray Tune's and its overhead (wall minus the minimum) at most stock's; the full stack's driver stays under 2 GB.
 
-Run it (the first line takes about half an hour on a busy 2-core machine; 100 trials at 8 slots are ~110 s minimum):
+  python -m bench.study_scale --slots 8 32 --trials 100                    # both stacks, 4 runs
+  python -m bench.study_scale --slots 64 --trials 100 --only full          # one stack
+  python -m bench.study_scale --table-only                                 # the .md and plots again from the .jsonl
 
-  python bench/study_scale.py --slots 8 32 --trials 100                    # both stacks, 4 runs
-  python bench/study_scale.py --slots 64 --trials 100 --only full          # one stack
-  python bench/study_scale.py --table-only                                 # the .md and plots again from the .jsonl
-
-Results: docs/bench/study_scale.jsonl (appended, one line per run, with the commit, date, load average and
-command), docs/bench/study_scale.md, docs/bench/study_scale_cost.png (driver CPU-s per trial against trials) and
-docs/bench/study_scale_overhead.png (wall / minimum against slots). Numbers are only comparable between runs on
-the same machine under the same other load: the load average before each run is recorded for that reason.
+Results: docs/bench/study_scale.jsonl (appended, with the commit, the load average and the command), .md and plots.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -63,8 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness
+from bench.harness import ROOT
 
 METRIC, MODE = "val_recall_at_1", "max"
 MAX_T, GRACE, REDUCTION = 16, 4, 4  # the stock ASHA of the brief; the full stack derives the same ladder from --epochs 16
@@ -73,15 +54,12 @@ STACKS = ("full", "stock", "bare")
 STOCK_MARK = "STUDY_SCALE_STOCK "  # the stock child's lines for this script: fit start, fit end, result
 
 
-# ----------------------------------------------------------------------------- sampling a process tree
 def import_psutil():
-    """psutil: installed, else the copy Ray ships in ray/thirdparty_files (found without importing Ray)."""
+    """psutil: installed, else the copy Ray ships in its thirdparty_files."""
     try:
         import psutil
     except ImportError:
-        import importlib.util
-
-        sys.path.append(str(Path(importlib.util.find_spec("ray").origin).parent / "thirdparty_files"))
+        __import__("ray")  # importing Ray puts the psutil it ships on the path
         import psutil
     return psutil
 
@@ -179,13 +157,6 @@ def run_sampled(command: list[str], env: dict[str, str], log: Path, spool: Path 
     return {"started": started, "ended": ended, "returncode": process.returncode, "lines": lines, **sampler.stop()}
 
 
-# ----------------------------------------------------------------------------- the two stacks
-def machine_state() -> dict[str, Any]:
-    """The load average and the busiest other processes, before a run."""
-    top = subprocess.run(["ps", "-eo", "pcpu,nice,args", "--sort=-pcpu"], capture_output=True, text=True).stdout.splitlines()[1:6]
-    return {"loadavg_before": os.getloadavg(), "top_processes_before": [line.strip()[:160] for line in top]}
-
-
 def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     name = f"scale-full-{slots}x{trials}-{int(time.time())}"
     runs = workdir / "runs"
@@ -236,10 +207,10 @@ def run_full(slots: int, trials: int, args: argparse.Namespace, workdir: Path) -
 
 
 def run_stock(slots: int, trials: int, args: argparse.Namespace, workdir: Path, bare: bool = False) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "_stock", "--slots", str(slots), "--trials", str(trials)]
+    command = [sys.executable, "-m", "bench.study_scale", "_stock", "--slots", str(slots), "--trials", str(trials)]
     command += ["--epoch-seconds", f"{args.epoch_seconds:g}", "--space", args.space, "--workdir", str(workdir)]
     command += ["--bare"] if bare else []
-    shown = "python " + shlex.join(command[1:]).replace(str(Path(__file__).resolve()), "bench/study_scale.py")
+    shown = "python " + shlex.join(command[1:])
     print(f"$ {shown}", flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = run_sampled(command, env, workdir / "driver.out", None)
@@ -345,7 +316,7 @@ def stock_child(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     if args.bare:
         os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # read by Tune when the Tuner is built
-    ray.init(num_cpus=args.slots[0])
+    ray.init(address="local", num_cpus=args.slots[0])  # a Ray of its own, never one another process left running
     tuner = bare_tuner(space, args, workdir) if args.bare else stock_tuner(space, args, workdir)
     print(f"{STOCK_MARK}fit_start {time.time()}", flush=True)
     results = tuner.fit()
@@ -358,7 +329,6 @@ def stock_child(args: argparse.Namespace) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- figures, table and plots
 def figures(row: dict[str, Any], slots: int, trials: int, epoch_s: float) -> dict[str, Any]:
     wall = row["ended"] - row["started"]
     fit_wall = row["fit_end"] - row["fit_start"] if row.get("fit_start") and row.get("fit_end") else None
@@ -397,7 +367,7 @@ def ckpt_every(row: dict[str, Any]) -> str:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
-        "# A study at scale, rehearsed on one machine (bench/study_scale.py)",
+        "# A study at scale, rehearsed on one machine (python -m bench.study_scale)",
         "",
         "full: `python -m study.launch --rehearse`; stock: hand-written `tune.Tuner` + OptunaSearch + ASHA + MLflowLoggerCallback, "
         "same surrogate; bare: `tune.Tuner` over drawn configs, no searcher, no scheduler, no loggers. "
@@ -456,17 +426,16 @@ def plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def write_outputs(out: Path) -> None:
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    rows = harness.read_rows(out)
     out.with_suffix(".md").write_text(markdown(rows))
     paths = plots(rows, out)
     print(f"wrote {out.with_suffix('.md')} and {', '.join(str(p) for p in paths)}", flush=True)
 
 
-# ----------------------------------------------------------------------------- the command line
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     parser = argparse.ArgumentParser(
-        prog="python bench/study_scale.py",
+        prog="python -m bench.study_scale",
         description=doc[0],
         epilog="\n\n".join(doc[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -500,6 +469,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def bound(rows: list[dict[str, Any]]) -> int:
+    """Issue 27's bound on this invocation's rows: the full stack against stock at each size both ran, its RSS."""
+    stock = {(r["slots"], r["trials"]): r for r in rows if r["stack"] == "stock"}
+    pairs = [(r, stock[r["slots"], r["trials"]]) for r in rows if r["stack"] == "full" and (r["slots"], r["trials"]) in stock]
+    held = [f["driver_cpu_s_per_trial"] <= s["driver_cpu_s_per_trial"] / 2 and f["wall_s"] - f["minimum_s"] <= s["wall_s"] - s["minimum_s"]
+            for f, s in pairs] + [r["driver_peak_rss_mb"] < 2048 for r in rows if r["stack"] == "full"]  # fmt: skip
+    figures = "; ".join(f"{f['slots']}x{f['trials']}: {f['driver_cpu_s_per_trial']:.2f} against {s['driver_cpu_s_per_trial']:.2f} "
+                        f"CPU-s a trial, {f['wall_s'] - f['minimum_s']:.0f} against {s['wall_s'] - s['minimum_s']:.0f} s over the "
+                        f"minimum, {f['driver_peak_rss_mb']:.0f} MB" for f, s in pairs)  # fmt: skip
+    statement = f"the full stack's driver CPU per trial at most half stock's, its overhead at most stock's, under 2 GB ({figures})"
+    return harness.bound(all(held) if pairs else None, statement)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_stock"]:  # the stock study's own process (run_stock)
@@ -514,11 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if any(t >= 5000 for t in args.trials):
         print("note: 5000 trials at 1 s per epoch take hours on a small machine", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    command = "python bench/study_scale.py " + shlex.join(argv)
+    commit, command = harness.commit(), harness.command("study_scale", argv)
     named = {"both": ("full", "stock"), "all": STACKS}
     stacks = list(dict.fromkeys(stack for name in args.only for stack in named.get(name, (name,))))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    ran = []
     with tempfile.TemporaryDirectory(prefix="study_scale_") as tmp:
         base = Path(args.keep or tmp)
         for trials in args.trials:
@@ -526,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 for stack in stacks:
                     workdir = base / f"{stack}-{slots}x{trials}-{int(time.time())}"
                     workdir.mkdir(parents=True)
-                    state = machine_state()
+                    state = harness.machine_state()
                     if stack == "full":
                         row = run_full(slots, trials, args, workdir)
                     else:
@@ -537,14 +518,14 @@ def main(argv: list[str] | None = None) -> int:
                         **state,
                         "loadavg_after": os.getloadavg(),
                         "commit": commit,
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                        "date": harness.now(),
                         "bench_command": command,
-                        "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}",
+                        "machine": harness.machine_line(),
                         "space": args.space,
                         "workdir": str(workdir) if args.keep else None,
                     }
-                    with out.open("a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                    harness.append_row(out, row)
+                    ran.append(row)
                     print(
                         f"{stack} {slots}x{trials}: rc {row['returncode']}, wall {row['wall_s']:.0f} s (fit {fmt(row['fit_wall_s'])} s), "
                         f"minimum {row['minimum_s']:.0f} s, {row['epochs']} epochs, driver {row['driver_cpu_s']:.1f} CPU-s "
@@ -553,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     write_outputs(out)
-    return 0
+    return bound(ran)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,27 @@
-"""python bench/throughput.py: training throughput of the core and the per-epoch overhead of the Ray trainable.
+"""Training throughput of the core on the CPU, and the per-epoch overhead of the Ray trainable.
 
-Measures, on the CPU with a fixed number of torch threads:
+Workload, on the CPU with a fixed number of torch threads:
 
-- small_cnn: the HBN config of configs/omniglot_hbn.yaml (small_cnn, Omniglot, 32 px
-  grayscale), trained by ``trainables.core.engine.fit`` in study mode.
-- resnet18: the same loss and batch settings with backbone resnet18 (no pretrained
-  weights) on 64 px RGB images. The images are generated: coloured stroke glyphs
-  (trainables.core.data.synthetic_glyphs, one random foreground/background colour pair
-  per class) written as 73 px PNG files into a temporary ``folder`` dataset
-  (train/<class>/*.png, test/<class>/*.png), so every batch is decoded from files,
-  cropped (RandomResizedCrop 64) and flipped as a photo dataset is.
-- ray: the small_cnn config (or --ray-backbone resnet18) trained for warm-up + N
-  epochs (a) by ``engine.fit`` in this process and (b) by ``trainables.dml.train_dml``
-  in a one-trial Ray Tune run, set up as ``python -m study.launch`` sets up a study
-  (local Ray, one checkpoint per epoch, num_to_keep=2), with the same thread count.
-  The per-epoch overhead is (ray - direct) / direct of the median wall time between
-  consecutive epoch reports; Ray's start-up (ray.init, Tuner.fit() to the first
-  report) is reported separately.
+- small_cnn: the HBN config of configs/omniglot_hbn.yaml (small_cnn, Omniglot, 32 px grayscale), trained by
+  ``trainables.core.engine.fit`` in study mode.
+- resnet18: the same loss and batch settings with backbone resnet18 (no pretrained weights) on 64 px RGB images
+  decoded from files: coloured stroke glyphs (``trainables.core.data.synthetic_glyphs``) written as 73 px PNG files
+  into a temporary ``folder`` dataset, cropped (RandomResizedCrop 64) and flipped as a photo dataset is.
+- ray: the small_cnn config (or ``--ray-backbone resnet18``) trained for warm-up + N epochs by ``engine.fit`` in this
+  process, and by ``trainables.dml.train_dml`` in a one-trial Ray Tune run set up as ``python -m study.launch`` sets up
+  a study (local Ray, one checkpoint per epoch, num_to_keep=2), alternating. The per-epoch overhead is (ray - direct) /
+  direct of the median wall time between consecutive epoch reports; Ray's start-up is reported apart.
 
-Every training run has one warm-up epoch that is left out of the medians; the
-per-epoch time is split into data loading (waiting for the loader, decoding and
-augmentation), compute (forward, backward, optimizer step) and evaluation
-(embedding the validation classes and computing the retrieval metrics).
+Every run's first epoch is a warm-up left out of the medians; each epoch is split into data loading (waiting for the
+loader, decoding, augmentation), compute (forward, backward, optimizer step) and evaluation.
 
-Examples:
-  python bench/throughput.py                                        # all measurements, default settings
-  python bench/throughput.py --epochs 2 --repeats 1 --out /tmp/throughput.json
-  python bench/throughput.py --only ray --threads 2
+Question: how fast does the core train on a CPU, and what does running it as a Ray Tune trial cost per epoch?
+
+Bound: the Ray trainable adds at most 5 % to an epoch's wall time.
+
+  python -m bench.throughput                                        # all measurements, default settings
+  python -m bench.throughput --epochs 2 --repeats 1 --out /tmp/throughput.json
+  python -m bench.throughput --only ray --threads 2
 """
 
 from __future__ import annotations
@@ -36,8 +31,6 @@ import json
 import logging
 import math
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -45,7 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import harness
+from bench.harness import ROOT
+
 MEASUREMENTS = ("small_cnn", "resnet18", "ray")
 HBN_CONFIG = ROOT / "configs" / "omniglot_hbn.yaml"
 TARGET_OVERHEAD = 0.05  # at most 5 % per epoch through Ray
@@ -58,10 +53,7 @@ PHOTO_TRAIN_CLASSES, PHOTO_TEST_CLASSES, PHOTO_PER_CLASS, PHOTO_SIZE = 50, 10, 2
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     doc = __doc__.split("\n\n")
     parser = argparse.ArgumentParser(
-        prog="python bench/throughput.py",
-        description=doc[1],
-        epilog="\n\n".join(doc[2:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m bench.throughput", description=doc[0], epilog=doc[-1], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     a = parser.add_argument
     a("--epochs", type=int, default=5, help="measured epochs per training run, after one warm-up epoch (default 5)")
@@ -72,12 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--ray-backbone", default="small_cnn", choices=("small_cnn", "resnet18"), help="the config of the Ray comparison")
     a("--data-root", help="folder holding omniglot/ (default: $DML_DATA_ROOT)")
     args = parser.parse_args(argv)
-    if args.epochs < 1:
-        parser.error(f"--epochs {args.epochs}: expected an integer >= 1")
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: expected an integer >= 1")
-    if args.threads < 1:
-        parser.error(f"--threads {args.threads}: expected an integer >= 1")
+    for flag, value in (("--epochs", args.epochs), ("--repeats", args.repeats), ("--threads", args.threads)):
+        if value < 1:
+            parser.error(f"{flag} {value}: expected an integer >= 1")
     only = [m.strip() for m in args.only.split(",") if m.strip()]
     unknown = [m for m in only if m not in MEASUREMENTS]
     if unknown or not only:
@@ -93,7 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ----------------------------------------------------------------------------- statistics
 def spread(values: list[float]) -> dict[str, Any]:
     """Median, quartiles, min and max of ``values`` (all NaN when empty)."""
     values = [float(v) for v in values if v is not None and math.isfinite(v)]
@@ -115,7 +103,6 @@ def relative(a: float, b: float) -> float:
     return (a - b) / b if b > 0 else math.nan
 
 
-# ----------------------------------------------------------------------------- configs and data
 def hbn_config(epochs: int, **changes: Any):
     import yaml
 
@@ -151,7 +138,6 @@ def write_photo_folder(root: Path, seed: int = 0) -> Path:
     return root
 
 
-# ----------------------------------------------------------------------------- direct training
 def train_direct(config, data_root: str | None) -> dict[str, Any]:
     """One ``engine.fit`` in this process: per-epoch metrics, report times and the run's sizes."""
     import torch
@@ -226,7 +212,6 @@ def measure_throughput(name: str, config, data_root: str | None, repeats: int) -
     }
 
 
-# ----------------------------------------------------------------------------- the Ray trainable
 def init_ray(threads: int) -> float:
     """A fresh local Ray set up as study.launch does; returns the seconds ray.init took."""
     import ray
@@ -398,45 +383,20 @@ def measure_ray(config, data_root: str | None, repeats: int, threads: int, work:
     }
 
 
-# ----------------------------------------------------------------------------- machine and output
 def machine(threads: int) -> dict[str, Any]:
+    """The machine (bench.harness), the thread counts and the libraries' versions."""
     import numpy
     import torch
 
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "threads": threads,
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "device": "cpu",
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-    }
+    info = {**harness.machine(), "threads": threads, "torch_threads": torch.get_num_threads(), "device": "cpu"}
+    info.update(torch_interop_threads=torch.get_num_interop_threads(), torch=torch.__version__, numpy=numpy.__version__)
+    info["cores_available"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     for package in ("torchvision", "ray"):
         try:
             info[package] = __import__(package).__version__
         except ImportError:
             info[package] = None
     return info
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def fmt(s: dict[str, Any], digits: int = 2, scale: float = 1.0) -> str:
@@ -473,7 +433,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Command: `{report['command']}`",
         "",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['threads']} torch thread(s), torch {m['torch']}, "
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch thread(s), torch {m['torch']}, "
         f"torchvision {m['torchvision']}, ray {m['ray']}, Python {m['python']}; load average {report['load_average']['start']} "
         f"at the start, {report['load_average']['end']} at the end; {report['date']}.",
         "",
@@ -538,28 +498,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(report: dict[str, Any]) -> str:
-    out = [f"machine: {report['machine']['cpu_model']}, {report['machine']['cores']} cores, {report['machine']['threads']} thread(s)"]
-    for name in ("small_cnn", "resnet18"):
-        r = report["results"].get(name)
-        if r:
-            out.append(
-                f"{name:9s} {r['train_images_per_s']['median']:8.0f} train images/s ({r['compute_images_per_s']['median']:.0f} compute); "
-                f"epoch {r['time_epoch_s']['median']:.2f} s = data {r['time_data_s']['median']:.2f} + compute "
-                f"{r['time_compute_s']['median']:.2f} + eval {r['time_eval_s']['median']:.2f} + other {r['time_other_s']['median']:.2f}"
-            )
-    r = report["results"].get("ray")
-    if r:
-        o, s = r["overhead"], r["startup"]
-        out.append(
-            f"ray       per-epoch overhead {pct(o['per_epoch'])} (direct {r['direct']['report_interval_s']['median']:.3f} s, "
-            f"Ray {r['ray']['report_interval_s']['median']:.3f} s; target <= {100 * o['target']:.0f} %); "
-            f"ray.init {s['ray_init_s']['median']:.2f} s, Tuner.fit() to first report {s['fit_to_first_report_s']['median']:.2f} s "
-            f"(trial start {s['trial_start_s']['median']:.2f} s)"
-        )
-    return "\n".join(out)
-
-
 def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -575,16 +513,13 @@ def main(argv: list[str] | None = None) -> int:
     # the same thread count everywhere: this process, its OpenMP/MKL pools and (inherited) Ray's workers
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import torch
 
     torch.set_num_threads(args.threads)
-    command = "python bench/throughput.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     report: dict[str, Any] = {
-        "command": command.strip(),
+        "command": harness.command("throughput", argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "settings": {
             "epochs": args.epochs,
@@ -595,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray_backbone": args.ray_backbone,
         },
         "machine": machine(args.threads),
-        "load_average": {"start": load_average()},
+        "load_average": {"start": harness.load()},
         "results": {},
     }
     epochs = args.epochs + WARMUP_EPOCHS
@@ -618,18 +553,15 @@ def main(argv: list[str] | None = None) -> int:
             config, root = (hbn_config(epochs), args.data_root) if args.ray_backbone == "small_cnn" else (resnet18_config(epochs), photos)
             result = measure_ray(config, root, args.repeats, args.threads, work)
             report["results"]["ray"] = {"backbone": args.ray_backbone, **result}
-    report["load_average"]["end"] = load_average()
+    report["load_average"]["end"] = harness.load()
     report["wall_s"] = time.perf_counter() - started
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(jsonable(report), indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print()
-    print(summary(report))
-    for line in busy_note(report)[:1]:
-        print(line)
-    print(f"\nwrote {out} and {out.with_suffix('.md')} ({report['wall_s']:.0f} s)")
-    return 0
+    harness.write(out, json.dumps(jsonable(report), indent=1) + "\n")
+    print(f"\n{harness.write(out.with_suffix('.md'), markdown(report)).read_text()}")
+    print(f"wrote {out} and {out.with_suffix('.md')} ({report['wall_s']:.0f} s)")
+    overhead = report["results"].get("ray", {}).get("overhead", {})
+    statement = f"the Ray trainable adds at most {100 * TARGET_OVERHEAD:.0f} % to an epoch ({pct(overhead.get('per_epoch'))})"
+    return harness.bound(overhead.get("within_target"), statement)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,29 @@
 """Verdicts across sampler seeds: does the default study pick an equally good model, and the same one, whatever its seed?
 
-Issue 31, step 5. The benchmark runs, one after another, with ``python -m study.launch`` (the default space) and
-then ``python -m study.final --study NAME --seeds 3`` on each study's pick:
+Workload: the default study (``python -m study.launch``, the default space) and then ``python -m study.final --study
+NAME --seeds 3`` on its pick, one after another: one study per sampler seed (``--seeds``, default 0 1 2 3 4), named
+``verdicts-seedS``, and ``--repeats`` runs in all of one sampler seed (``--repeat-seed``; the study of that seed above
+counts as the first). With 2 trials at a time the trials finish in another order from run to run, so TPE may see
+another history. Each study has its own runs folder (``--keep``/NAME: its MLflow store, Optuna journal, Ray
+checkpoints and both commands' logs). For each study: the wall time, the utilization, the pick and its key params,
+the race's verdict and why it stopped, and the test metrics of the model study.final makes. The summary: the mean and
+spread (max - min) of those over the sampler seeds, the families that won, and whether the repeats picked the same
+configuration, or different ones their races could not tell apart (a tie), or one a race called clear and another
+did not pick (a contradiction).
 
-* one study per sampler seed (``--seeds``, default 0 1 2 3 4), named ``verdicts-seedS``;
-* ``--repeats`` runs in all of one sampler seed (``--repeat-seed``, default 0; default 3 runs): the study of that
-  seed above counts as the first run, the others are named ``verdicts-seedS-repeatI``. With 2 trials at a time the
-  trials finish in a different order from run to run, so TPE may see a different history.
+An interrupted benchmark continues where it stopped: a study with results in ``--keep`` is skipped.
 
-Each study has its own runs folder (``DML_RUNS_DIR`` = ``--keep``/NAME: its MLflow store, Optuna journal, Ray
-checkpoints and the logs of both commands), so no two collide. For each study it reports the wall time (the
-parent run's ``wall_time_s``, and the command's own), the utilization, the pick (Optuna trial, loss family and key
-params), the race's verdict and why it stopped (the Optuna study's ``selection`` attribute, study.selection), and
-the pick's test metrics from study.final (the study's parent run: ``final_test_recall_at_1_mean``,
-``final_test_map_at_r_mean``, ``final_test_one_shot_error_20way_mean``). The summary gives the mean and spread
-(max - min) of those over the sampler seeds, how often each configuration family wins, and for the repeats whether
-they picked the same configuration, or different ones that their races could not tell apart (consistent), or one
-that a race called clear and another did not pick (a contradiction).
+Question: is the default study's verdict as good, and as reproducible, as the seeds allow?
 
-A study's results are written to ``--keep``/NAME/verdicts_result.json as soon as its final has run; a later
-invocation skips that study, so an interrupted benchmark continues where it stopped. A study interrupted mid-way
-is started again in a fresh folder (the old one is renamed ``NAME.interrupted-TIME``): a resumed study would not be
-a clean measurement of wall time or of trial order. A finished study whose final was interrupted keeps its study.
-Ctrl-C (or SIGTERM, SIGHUP) stops the running command as its own Ctrl-C does, and waits for it to end.
+Bound (issue 31): over the sampler seeds, the final models' test R@1 has a mean of at least 0.86 and a spread of at
+most 1.5 points, their mean 20-way one-shot error is at most 22 %, and the repeats never contradict each other.
 
 Run it on an otherwise idle machine (the trial order, hence the picks, depends on the load):
 
-  DML_DATA_ROOT=../shared/data python bench/verdicts.py                    # 7 studies + 7 finals, one at a time
-  python bench/verdicts.py --data-root ../shared/data --seeds 0 1 --repeats 0 --final-seeds 1 --final-epochs 2 \\
+  DML_DATA_ROOT=../shared/data python -m bench.verdicts                   # 7 studies + 7 finals, one at a time
+  python -m bench.verdicts --data-root ../shared/data --seeds 0 1 --repeats 0 --final-seeds 1 --final-epochs 2 \\
       --extra "--num-samples 3 --epochs 2 --max-concurrent 2" --keep /tmp/verdicts-tiny --out /tmp/verdicts-tiny.json \\
-      --markdown /tmp/verdicts-tiny.md                                      # a smoke run: 5 to 8 minutes on 2 busy cores
-
-The first line takes, as an estimate, 1 to 1.5 hours on 2 idle cores: a default study took 5.6 to 7.3 minutes there
-before the race (docs/results.md), which may add a quarter of the search's epochs; a final's seeds (32 epochs) took
-74 to 78 s each, so 2 to 4 minutes a final. On a busy machine expect two to three times as long.
+      --markdown /tmp/verdicts-tiny.md                                     # a smoke run: minutes
 
 Results: docs/bench/verdicts.{json,md} (``--out``, ``--markdown``); the table is printed as well.
 """
@@ -45,7 +35,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -57,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness
+from bench.harness import ROOT
 
 PREFIX = "verdicts"
 RESULT_FILE = "verdicts_result.json"
@@ -84,7 +73,6 @@ def plan_runs(seeds: Sequence[int], repeats: int, repeat_seed: int) -> list[Run]
     return runs
 
 
-# ----------------------------------------------------------------------------- the pure summary
 def spread_and_mean(values: Sequence[float | None]) -> dict[str, float | int | None]:
     """Mean, min, max and spread (max - min) of the measured ``values`` (None: not measured, left out)."""
     measured = [float(v) for v in values if v is not None and math.isfinite(v)]
@@ -135,7 +123,7 @@ def leading_same(first: Sequence[Any], other: Sequence[Any]) -> int:
 
 
 def called_clear(selection: dict[str, Any] | None) -> bool:
-    """Whether a study's selection record (study.selection.selection_record) says its pick is clear."""
+    """Whether a study's selection record (study.search.race.selection_record) says its pick is clear."""
     return bool(selection) and str(selection.get("verdict", "")).startswith("clear")
 
 
@@ -149,7 +137,7 @@ def short_verdict(selection: dict[str, Any] | None) -> str:
         return f"{head} (seed re-runs, lead {selection.get('lead_in_se', math.nan):.1f} SE)"
     if head == "one candidate":
         return head
-    # as study.selection words it: clear, the largest p of the dropped; undecided, the smallest of the survivors
+    # as study.search.race words it: clear, the largest p of the dropped; undecided, the smallest of the survivors
     others = [e for e in selection.get("ranking", [])[1:] if head == "clear" or e.get("dropped_after_folds") is None]
     p_values = [e["p_value"] for e in others if e.get("p_value") is not None and math.isfinite(e["p_value"])]
     p = f", Holm p {'<=' if head == 'clear' else '='} {(max if head == 'clear' else min)(p_values):.3f}" if p_values else ""
@@ -157,7 +145,6 @@ def short_verdict(selection: dict[str, Any] | None) -> str:
     return f"{head} ({why}{selection.get('folds', '?')} folds{p})"
 
 
-# ----------------------------------------------------------------------------- a configuration in words
 def family(config: dict[str, Any]) -> str:
     """The configuration family of a pick: ICE, heated softmax or softmax without heating."""
     if config.get("loss") == "ice":
@@ -191,7 +178,6 @@ def config_identity(config: dict[str, Any]) -> str:
     return json.dumps({key: values[key] for key in applicable_keys(resolved)}, sort_keys=True, default=str)
 
 
-# ----------------------------------------------------------------------------- running the commands
 def study_env(folder: Path, data_root: str | None) -> dict[str, str]:
     """The environment of a study's commands: its own runs folder (its MLflow store, Optuna journal, Ray storage and
     logs), the data root; no ``MLFLOW_TRACKING_URI`` of the caller's, which would send every study to one store."""
@@ -258,12 +244,11 @@ def run_logged(command: list[str], env: dict[str, str], log: Path, cwd: Path) ->
     return elapsed
 
 
-# ----------------------------------------------------------------------------- reading a study's records
 def parent_run(folder: Path, name: str):
     """The MLflow parent run of study ``name`` in the store of its runs folder, or None."""
     from mlflow import MlflowClient
 
-    from study.records import tracking
+    from study.records.ending import tracking
 
     db = folder / "mlflow.db"
     if not db.is_file():
@@ -338,7 +323,6 @@ def with_words(result: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- one study, restartable
 def set_aside(folder: Path) -> None:
     """Rename the folder of a study that stopped mid-way, so that it starts again in a fresh one (kept, not deleted)."""
     aside = folder.with_name(f"{folder.name}.interrupted-{datetime.datetime.now():%Y%m%d-%H%M%S}")
@@ -363,14 +347,6 @@ def step(name: str, command: list[str], folder: Path, env: dict[str, str], cwd: 
     return record
 
 
-def commit_of(checkout: Path) -> str:
-    """The short commit of ``checkout``, with ``+`` when its tracked files have changes (other work in the clone)."""
-    git = ["git", "-C", str(checkout)]
-    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
-    return commit + ("+" if changed else "")
-
-
 def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     """Run study ``run`` and its final unless an earlier invocation did; its result, also written to its folder."""
     folder = args.keep / run.name
@@ -385,7 +361,7 @@ def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         set_aside(folder)
     folder.mkdir(parents=True, exist_ok=True)
     env, commands = study_env(folder, args.data_root), {"launch": launch_command(run, args), "final": final_command(run, args)}
-    commit = commit_of(args.checkout)  # the code the study starts with (the clone may change while it runs)
+    commit = harness.commit(args.checkout)  # the code the study starts with (the clone may change while it runs)
     steps = {name: step(name, command, folder, env, args.checkout) for name, command in commands.items()}
     result = {**read_study(run, folder), **steps, "final_seeds": args.final_seeds, "commit": commit}
     result["commands"] = [shlex.join(c) for c in commands.values()]
@@ -393,7 +369,6 @@ def bench_study(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     return with_words(result)
 
 
-# ----------------------------------------------------------------------------- the summary and the table
 def summarize(results: list[dict[str, Any]], repeat_seed: int) -> dict[str, Any]:
     """Over the first run of every sampler seed: the mean and spread of the picks' test metrics, the families that
     won; over the runs of ``repeat_seed``: the reproducibility judgement."""
@@ -482,7 +457,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 def markdown(payload: dict[str, Any]) -> str:
     machine = payload["machine"]
     lines = [
-        "## Verdicts across sampler seeds (bench/verdicts.py)",
+        "## Verdicts across sampler seeds (python -m bench.verdicts)",
         "",
         f"Command: `{payload['command']}`  ",
         f"Commit of the studies: {payload['commits']}; table of {payload['date']}; {machine['cpu']} ({machine['cores']} cores); "
@@ -493,7 +468,7 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         *table(payload["results"]),
         "",
-        "Test metrics: mean +- sample standard deviation over study.final's seeds. Verdict: the race's (study.selection), "
+        "Test metrics: mean +- sample standard deviation over study.final's seeds. Verdict: the race's (study.search.race), "
         "why it stopped and after how many validation folds.",
         "",
         *summary_lines(payload["summary"]),
@@ -502,9 +477,9 @@ def markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog="python -m bench.verdicts",
         description=__doc__.split("\n\n")[0],
         epilog="Run it " + __doc__.split("Run it ")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -541,11 +516,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def payload_of(args: argparse.Namespace, argv: list[str] | None, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Everything the benchmark writes: how it ran, on what, every study's result and the summary."""
     commits = ", ".join(dict.fromkeys(str(r.get("commit")) for r in results))
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
-    shown = argv if argv is not None else sys.argv[1:]
     return {
-        "command": shlex.join(["python", "bench/verdicts.py", *shown]), "commits": commits,
-        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "machine": {"cpu": cpu, "cores": os.cpu_count()},
+        "command": harness.command("verdicts", argv if argv is not None else sys.argv[1:]), "commits": commits,
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "machine": harness.machine(),
         "extra": args.extra, "final_seeds": args.final_seeds, "final_epochs": args.final_epochs, "results": results,
         "summary": summarize(results, args.repeat_seed),
     }  # fmt: skip
@@ -566,15 +539,24 @@ def main(argv: list[str] | None = None) -> int:
         print("stopped: run the same command again to continue (finished studies are kept; an unfinished one starts again)")
         return 130
     payload = payload_of(args, argv, results)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1, default=str))
+    harness.write(args.out, json.dumps(payload, indent=1, default=str))
     text = markdown(payload)
     if args.markdown != "-":
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(text)
+        harness.write(args.markdown, text)
     print(text)
-    return 0
+    return bound(payload["summary"])
+
+
+def bound(summary: dict[str, Any]) -> int:
+    """Issue 31's targets on the final models (the seeds or the race's tie as one model, where study.final made one)."""
+    final = summary["ensemble_test"] if summary["ensemble_test"]["recall_at_1"]["n"] else summary["test"]
+    r1, error, judgement = final["recall_at_1"], final["one_shot_error"], summary["repeats"]["judgement"]
+    if r1["mean"] is None or error["mean"] is None:
+        return harness.bound(None, "issue 31's targets: no final model's test metrics were recorded")
+    held = r1["mean"] >= 0.86 and r1["spread"] <= 0.015 and error["mean"] <= 0.22 and judgement != CONTRADICTION
+    statement = (f"test R@1 mean >= 0.86 ({r1['mean']:.3f}), spread <= 1.5 points ({100 * r1['spread']:.1f}), one-shot error "
+                 f"<= 22 % ({error['mean']:.1%}), the repeats not a {CONTRADICTION} ({judgement or 'one run'})")  # fmt: skip
+    return harness.bound(held, statement)
 
 
 if __name__ == "__main__":

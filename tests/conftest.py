@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     """The longest test files first (tests/file_seconds.json: each file's seconds in a measured run; a file it does not
     name counts 0): pytest-xdist gives each worker the next file when it is done with one (--dist loadfile), so the
     short files fill in at the end instead of a long one starting last while the other worker waits. A stable sort:
-    a file's tests stay together and in their order. `python bench/suite_time.py --file-seconds` rewrites the file."""
+    a file's tests stay together and in their order. `python -m tools.suite_time --file-seconds` rewrites the file."""
     path = ROOT / "tests" / "file_seconds.json"
     seconds = json.loads(path.read_text()) if path.is_file() else {}
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0))

@@ -1,6 +1,6 @@
 """Tests of trainables.core.cache and the batch-wise crops of trainables.core.transforms.
 
-The decoded cache is built from small SOP-shaped datasets that bench/photo_data.py writes into tmp_path.
+The decoded cache is built from small SOP-shaped datasets that tests/photo_data.py writes into tmp_path.
 Decodes are counted by wrapping ``data.decode_sized`` (the one function the cache decodes with), in this
 process or, for other processes, by a wrapper that appends a line per decode to a file.
 """
@@ -23,8 +23,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import RandomResizedCrop, v2
 
-from bench.photo_data import make_sop
 from tests.conftest import wait_for
+from tests.photo_data import make_sop
 from trainables.core import cache, data
 from trainables.core.data import DatasetError, load_dataset, source_size
 from trainables.core.transforms import (

@@ -1,4 +1,4 @@
-"""bench/cpu_by_process.py: a command's CPU-seconds by kind of process."""
+"""tools/cpu_by_process.py: a command's CPU-seconds by kind of process."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import resource
 import subprocess
 import sys
 
-from bench.cpu_by_process import kind, markdown
 from tests.conftest import ROOT
+from tools.cpu_by_process import kind, markdown
 
 # a child that burns at least 1.5 CPU-seconds of its own (so the half-second samples see it); the sampler must find
 # it, by the marker in its command line, among whatever else the machine runs, with what the kernel counted for it
@@ -28,10 +28,9 @@ def test_kinds_follow_the_command_lines_of_ray_study_and_pytest_processes():
 
 def test_a_childs_cpu_seconds_are_counted_under_its_kind(tmp_path):
     out = tmp_path / "cpu.json"
-    script = ROOT / "bench" / "cpu_by_process.py"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    argv = [sys.executable, str(script), "--out", str(out), "--", sys.executable, "-c", CHILD]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "tools.cpu_by_process", "--out", str(out), "--", sys.executable, "-c", CHILD]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(out.read_text())

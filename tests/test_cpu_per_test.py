@@ -1,4 +1,4 @@
-"""bench/cpu_per_test.py: each test's CPU-seconds, the processes it starts included."""
+"""tools/cpu_per_test.py: each test's CPU-seconds, the processes it starts included."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from bench.cpu_per_test import summarize
 from tests.conftest import ROOT
+from tools.cpu_per_test import summarize
 
 BURN = """
 import json, os, resource, subprocess, sys
@@ -39,14 +39,14 @@ def test_summarize_sums_per_file_and_lists_the_costliest_first():
 
 
 def test_a_tests_row_counts_the_cpu_of_the_processes_it_started(tmp_path):
-    probe = "from bench.cpu_per_test import Group; Group('cpu_per_test_probe').leave()"  # in a process of its own
+    probe = "from tools.cpu_per_test import Group; Group('cpu_per_test_probe').leave()"  # in a process of its own
     joined = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     if "UsageError" in joined.stderr:
         pytest.skip(f"no cgroup to join here: {joined.stderr.strip().splitlines()[-1]}")
     assert joined.returncode == 0, joined.stderr[-2000:]
     (tmp_path / "test_burn.py").write_text(BURN)
     out = tmp_path / "rows.jsonl"
-    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "bench.cpu_per_test"]
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "tools.cpu_per_test"]
     command += ["-c", "/dev/null", "--rootdir", str(tmp_path), str(tmp_path / "test_burn.py")]  # not this project's addopts
     env = {"CPU_PER_TEST_OUT": str(out), "CHILD_CPU_OUT": str(tmp_path / "child.json"), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -90,12 +90,12 @@ def photo_metrics(data_root, monkeypatch, cached: bool, seed: int, augment: floa
 @pytest.mark.slow
 @pytest.mark.parametrize("augment", [0.0, 1.0])
 def test_a_trial_trains_to_the_same_metrics_through_the_decoded_cache(tmp_path_factory, monkeypatch, one_thread, augment):
-    """An SOP-shaped photo set (bench/photo_data.py: 740 images of 40 to 250 px), small_cnn at 32 px, 2 epochs, seeds
+    """An SOP-shaped photo set (tests/photo_data.py: 740 images of 40 to 250 px), small_cnn at 32 px, 2 epochs, seeds
     0, 1, 2 through each path: the means of each metric over the seeds differ by no more than the larger of the
     two paths' spreads over the seeds (NMI's k-means on 14 validation classes is itself seed-dependent).
     Without augmentation both paths train on the same crops up to resampling (squashed to 37 px and cropped,
     against cropped once: about 6 grey levels apart at this size, 1 at 224 px; tests/test_cache.py)."""
-    from bench.photo_data import make_sop
+    from tests.photo_data import make_sop
 
     root = tmp_path_factory.mktemp("sop")
     make_sop(root, scale=0.006, size_scale=0.2)
@@ -138,7 +138,7 @@ def test_a_runs_evaluation_loaders_keep_their_workers_and_embed_as_a_fresh_loade
     """A trial evaluates after every epoch: its kept loader's worker processes are the same ones at the second
     evaluation (not forked again), at most one per batch, and the embeddings equal those of a loader made for the
     call alone, in the training process."""
-    from bench.photo_data import make_sop
+    from tests.photo_data import make_sop
     from trainables.core.cache import attach_cache
     from trainables.core.data import load_dataset
     from trainables.core.engine import EvalLoaders, embed

@@ -1,5 +1,5 @@
-"""bench/gpu_study.py and bench/gpu_final.py: their space and config are ones the project accepts, and they read the
-study's and final's summaries as they print them."""
+"""bench/gpu_study.py: its space is one the project accepts, and it reads the study's and final's summaries as they
+print them."""
 
 from __future__ import annotations
 
@@ -45,26 +45,3 @@ def test_the_utilization_line_the_study_prints_today_still_parses():
     line = Utilization(in_trial_s=272.4, wall_s=104.2, slots=4, startup_s=5.8, trials=11).describe()
     util = UTILIZATION.search(line)
     assert util is not None and (util["slots"], util["startup"]) == ("4", "5.8")
-
-
-def test_gpu_final_config_is_one_study_final_accepts_and_its_table_compares_to_one_after_another():
-    from bench import gpu_final
-    from trainables.core.config import TrainConfig
-
-    args = gpu_final.parse(["--root", "r", "--work", "w", "--classes", "40", "--epochs", "3"])
-    config = TrainConfig.from_dict(gpu_final.config_yaml(args))
-    assert (config.dataset, config.loss, config.classes_per_batch, config.epochs) == ("cub200", "ice", 40, 3)
-    assert args.order == ["alone", "together"]
-    report = {
-        "environment": {"gpu": "GPU", "cpus": 16, "torch": "t"},
-        "args": {"seeds": 3},
-        "data": "d",
-        "variants": [
-            {"variant": "one_after_another", "wall_s": 100.0, "util_mean": 15.0, "mem_max_mib": 8000.0, "test_recall_at_1": 1.0},
-            {"variant": "together", "wall_s": 80.0, "util_mean": None, "mem_max_mib": None, "cpus_per_seed": 5,
-             "gpus_per_seed": 0.3333, "ray_start_s": 6.7},
-        ],
-    }  # fmt: skip
-    rows = [line for line in gpu_final.markdown(report).splitlines() if line.startswith("| one") or line.startswith("| all")]
-    assert rows[0].split(" | ")[1:3] == ["100", "1.00x"]
-    assert rows[1].split(" | ")[1:4] == ["80", "0.80x", "-"]

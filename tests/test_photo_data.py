@@ -1,4 +1,4 @@
-"""Tests of bench/photo_data.py: small versions of the CUB-, Cars196- and SOP-shaped datasets are read by
+"""Tests of tests/photo_data.py: small versions of the CUB-, Cars196- and SOP-shaped datasets are read by
 ``trainables.core.data`` in their standard layouts, with class-disjoint splits and JPEG photos."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.photo_data import MAKERS, SIZES, class_counts
+from tests.photo_data import MAKERS, SIZES, class_counts
 from trainables.core.data import load_dataset
 
 

@@ -223,7 +223,6 @@ def test_the_study_replays_the_race_on_the_tuners_results():
 
     import optuna
 
-
     study = optuna.create_study(direction="maximize")
     for number, value in enumerate([0.90, 0.97, 0.95, 0.96]):
         attrs = {"config": {"lr": 0.001 * (number + 1), "seed": 0}, "epochs_trained": 10}

@@ -22,7 +22,7 @@ class Item:
 
 
 def test_file_seconds_sums_each_files_tests_longest_first(tmp_path):
-    from bench.suite_time import file_seconds
+    from tools.suite_time import file_seconds
 
     (tmp_path / "run.xml").write_text(JUNIT)
     got = file_seconds(tmp_path / "run.xml")

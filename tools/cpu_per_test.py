@@ -6,8 +6,8 @@ test (setup and teardown included, so a module's shared study counts in its firs
 hierarchy with CPU accounting (cgroup v2's cpu.stat, or v1's cpuacct). Wall seconds say little on a loaded
 machine; CPU-seconds say what a test costs whatever runs beside it.
 
-  python -m pytest -p bench.cpu_per_test                    # writes cpu_per_test.jsonl ($CPU_PER_TEST_OUT)
-  python bench/cpu_per_test.py cpu_per_test.jsonl --top 30  # the files and tests that cost most, as Markdown
+  python -m pytest -p tools.cpu_per_test                    # writes cpu_per_test.jsonl ($CPU_PER_TEST_OUT)
+  python -m tools.cpu_per_test cpu_per_test.jsonl --top 30  # the files and tests that cost most, as Markdown
 
 A process a test leaves running is counted in the later tests of its worker.
 """
@@ -50,7 +50,7 @@ class Group:
             self.home, self.path, self.file, self.parse = home, path, file, parse
             return
         raise pytest.UsageError(
-            "-p bench.cpu_per_test: no cgroup with CPU accounting this process may join; expected root and cpu.stat (v2) or cpuacct (v1)"
+            "-p tools.cpu_per_test: no cgroup with CPU accounting this process may join; expected root and cpu.stat (v2) or cpuacct (v1)"
         )
 
     def seconds(self) -> float:
@@ -118,7 +118,9 @@ def summarize(rows: list[dict], top: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.cpu_per_test", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("file", type=Path, help="the plugin's output (cpu_per_test.jsonl)")
     parser.add_argument("--top", type=int, default=25, help="how many files and tests to list (default 25)")
     args = parser.parse_args(argv)

@@ -4,9 +4,9 @@ Runs ``python -m pytest`` once per variant per round, the variants interleaved, 
 outcome line. Results go to docs/bench/suite_time.{jsonl,md}; the load averages before and after each
 run say what else ran on the machine.
 
-  python bench/suite_time.py                    # two full suites: about 15 min on 2 idle cores
-  python bench/suite_time.py --rounds 2
-  python bench/suite_time.py --file-seconds run.xml   # tests/file_seconds.json from `pytest --junitxml run.xml`
+  python -m tools.suite_time                    # two full suites: about 15 min on 2 idle cores
+  python -m tools.suite_time --rounds 2
+  python -m tools.suite_time --file-seconds run.xml   # tests/file_seconds.json from `pytest --junitxml run.xml`
 
 tests/file_seconds.json is each test file's seconds in one run: tests/conftest.py starts the longest files first.
 """
@@ -69,7 +69,7 @@ def file_seconds(junit: Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.suite_time", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both variants (default 1)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for suite_time.{jsonl,md}")
     parser.add_argument("--file-seconds", metavar="JUNIT", help="write tests/file_seconds.json from this report, and run nothing")

@@ -7,8 +7,8 @@ second of one, is missed: the machine's busy CPU-seconds over the same time (/pr
 machine the samples covered. A Ray trial worker starts as Ray's ``setup_worker.py``, which ``exec``s the worker in
 the same process, so its imports of Ray and of the trainable count under "ray workers". Linux only.
 
-  python bench/cpu_by_process.py --out cpu.json -- python -m pytest -q          # the test suite
-  python bench/cpu_by_process.py -- python -m study.launch --space smoke         # one study
+  python -m tools.cpu_by_process --out cpu.json -- python -m pytest -q          # the test suite
+  python -m tools.cpu_by_process -- python -m study.launch --space smoke         # one study
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.cpu_by_process", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the result as JSON here too")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""python bench/photo_data.py: synthetic photo datasets in the layouts, counts and image sizes of CUB-200-2011, Cars196 and SOP.
+"""python -m tests.photo_data: synthetic photo datasets in the layouts, counts and image sizes of CUB-200-2011, Cars196 and SOP.
 
 Each dataset is written under ``--root`` in the layout ``trainables.core.data`` reads:
 
@@ -17,10 +17,11 @@ approximations written from the datasets' descriptions, not fitted to the real f
 machine that wrote this).
 
 ``--scale`` shrinks the image and class counts alike (at least 2 images per class; the tests use tiny scales),
-``--size-scale`` the image sizes. Generation is a bench step, not part of CI. Examples:
+``--size-scale`` the image sizes. The tests write tiny sets; the GPU benchmarks (bench/gpu_path.py, bench/gpu_study.py)
+write full-size ones. Examples:
 
-  python bench/photo_data.py --root /tmp/photos --datasets sop --scale 0.1      # an SOP-shaped subset (12,005 images)
-  python bench/photo_data.py --root /data/synthetic --datasets cub200 cars196 sop --workers 2   # the full sizes
+  python -m tests.photo_data --root /tmp/photos --datasets sop --scale 0.1      # an SOP-shaped subset (12,005 images)
+  python -m tests.photo_data --root /data/synthetic --datasets cub200 cars196 sop --workers 2   # the full sizes
 """
 
 from __future__ import annotations
