@@ -248,7 +248,7 @@ def parent_run(folder: Path, name: str):
     """The MLflow parent run of study ``name`` in the store of its runs folder, or None."""
     from mlflow import MlflowClient
 
-    from study.records.ending import tracking
+    from study.records import tracking
 
     db = folder / "mlflow.db"
     if not db.is_file():

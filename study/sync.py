@@ -19,15 +19,10 @@ import dataclasses
 import logging
 import sys
 
-import optuna
-
-from study import console, inputs, names
+from study import inputs, names
 from study.inputs import UsageError
-from study.records import ending, locks, tracking
-from study.records.parent import study_parent
+from study.records import tracking
 from study.records.study_record import StudyRecord
-from study.records.trials import TrialRecorder, spool_path
-from study.search.journal import open_storage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", required=True, help="the study's name (its --study-name)")
     tracking.add_tracking_flags(parser.add_argument, f"MLflow experiment of the study (default {tracking.DEFAULT_EXPERIMENT})")
     args = parser.parse_args(argv)
+    # Optuna and MLflow load after the flags: --help and a bad flag answer at once
+    import optuna
+
+    from study import console
+    from study.records import ending, locks
+    from study.records.parent import study_parent
+    from study.records.trials import TrialRecorder, spool_path
+    from study.search.journal import open_storage
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     inputs.redact_logs()  # the recorder names the tracking URI when MLflow is away, MLflow its requests' URLs
     tracking.configure_mlflow()

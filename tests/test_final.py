@@ -27,11 +27,12 @@ from study.final import cli as final
 from study.final import placement as seeds
 from study.final import train as final_train
 from study.final.plan import make_plan
-from study.final.results import EnsembleResult, SeedResult, summarize
+from study.final.results import ConfigurationResult, EnsembleResult, FinalResult, SeedResult, summarize
+from study.final.run import print_summary
 from study.final.train import load_data, placement_of
 from study.launch.settings import study_settings
 from tests.conftest import ROOT, omniglot_root, wait_for
-from trainables.core.config import TrainConfig
+from trainables.core.config import ConfigError, TrainConfig
 
 TINY = {
     "dataset": "synthetic",
@@ -389,7 +390,7 @@ def test_batch_check_names_the_configuration_without_building_a_model(tmp_path, 
     space = tmp_path / "g.yaml"
     space.write_text(yaml.safe_dump({"fixed": {**TINY, "epochs": 1}, "grid": {"classes_per_batch": [8, 100]}}))
     plan = make_plan(final.parse_args(["--space", str(space)]), "sqlite:///unused.db")
-    with pytest.raises(final.ConfigError, match=r"\(classes_per_batch=100\): classes_per_batch=100 is larger than the \d+ training"):
+    with pytest.raises(ConfigError, match=r"\(classes_per_batch=100\): classes_per_batch=100 is larger than the \d+ training"):
         load_data(plan, None, download=False)
     plan = make_plan(final.parse_args(["--config", str(write_config(tmp_path / "ok.yaml"))]), "sqlite:///unused.db")
     assert list(load_data(plan, None, download=False)) == [("synthetic", 0)]  # loaded once, keyed by (dataset, image size)
@@ -636,14 +637,14 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
     the printers read; results.json keeps the same fields."""
     config = TrainConfig.from_dict(TINY)
     seeds = (seed_result(0, 0.6, registered="models:/s1-embedding/1"), seed_result(1, 0.8))
-    only = final.ConfigurationResult("s1", config, seeds, summarize([s.test for s in seeds]) | {"time_per_seed_s_mean": 60.5})
-    result = final.FinalResult("s1", "sqlite:///x.db", "parent1", (only,))
+    only = ConfigurationResult("s1", config, seeds, summarize([s.test for s in seeds]) | {"time_per_seed_s_mean": 60.5})
+    result = FinalResult("s1", "sqlite:///x.db", "parent1", (only,))
     with pytest.raises(AttributeError):
         result.name = "other"  # frozen
     expected = {"seed": 0, "run_id": "run0", "test": seeds[0].test, "time_s": 60.0, "model_uri": "models:/m-0"}
     assert only.record()["per_seed"][0] == {**expected, "registered_uri": "models:/s1-embedding/1", "trial": None}  # no race's tie
     assert only.record()["summary"]["test_recall_at_1_mean"] == pytest.approx(0.7)
-    final.print_summary(result)
+    print_summary(result)
     out = capsys.readouterr().out
     assert "s1: test metrics over 2 seed(s) (mean +- std)" in out
     assert "  test_recall_at_1         0.7000 +- 0.1414" in out  # sample std of 0.6 and 0.8: 0.2 / sqrt(2)
@@ -661,20 +662,18 @@ def test_final_results_are_typed_and_printed_from_their_fields(capsys):
         "trials": (),  # seeds of one configuration; a study's tie names its candidates here
         "width": 0,
     }
-    final.print_summary(
-        final.FinalResult("s1", "sqlite:///x.db", "parent1", (dataclasses.replace(joint, seeds=(seed_result(0, 0.6), seeds[1])),))
-    )
+    print_summary(FinalResult("s1", "sqlite:///x.db", "parent1", (dataclasses.replace(joint, seeds=(seed_result(0, 0.6), seeds[1])),)))
     out = capsys.readouterr().out
     assert "the 2 seeds as one model (their embeddings side by side, 2 x 16 wide" in out
     assert "  test_recall_at_1         0.7500  (seeds' mean 0.7000)" in out and "  model: models:/m-9  (run run9)" in out
     assert "-m models:/m-9 " in out  # without a registered version the serve command serves the ensemble
     registered = dataclasses.replace(joint, ensemble=dataclasses.replace(ensemble, registered_uri="models:/s1-embedding/2"))
-    final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "parent1", (registered,)))
+    print_summary(FinalResult("s1", "sqlite:///x.db", "parent1", (registered,)))
     out = capsys.readouterr().out
     assert "  registered as: models:/s1-embedding/2: the 2 seeds as one model" in out and "-m models:/s1-embedding/2 " in out
 
-    other = final.ConfigurationResult("b", config, (seed_result(0, 0.4), seed_result(1, 0.5)), only.summary)
-    final.print_summary(final.FinalResult("g", "sqlite:///x.db", "parent2", (only, other)))
+    other = ConfigurationResult("b", config, (seed_result(0, 0.4), seed_result(1, 0.5)), only.summary)
+    print_summary(FinalResult("g", "sqlite:///x.db", "parent2", (only, other)))
     grid = capsys.readouterr().out
     assert "g: test metrics over 2 seed(s), mean +- std" in grid
     assert [line.split()[0] for line in grid.splitlines() if line.startswith("  s1 ") or line.startswith("  b ")] == ["s1", "b"]
@@ -729,18 +728,18 @@ def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(ca
     its GenAI views otherwise); a study's final training (and a grid's) names study.report, a config file's does not."""
     config = TrainConfig.from_dict(TINY)
     seeds_done = (seed_result(0, 0.6, registered="models:/s1-embedding/1"),)
-    only = final.ConfigurationResult("s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0})
-    final.print_summary(final.FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
+    only = ConfigurationResult("s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0})
+    print_summary(FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
     out = capsys.readouterr().out
     assert (
         "ui --backend-store-uri sqlite:///x.db, then open http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning" in out
     )
     assert out.count(" -m study.report --study s1") == 1 and "--tracking-uri" not in out.split("study.report")[1].splitlines()[0]
-    final.print_summary(final.FinalResult("s1", "http://10.0.0.1:5000", "p", (only,), experiment_id="7", report="s1"))
+    print_summary(FinalResult("s1", "http://10.0.0.1:5000", "p", (only,), experiment_id="7", report="s1"))
     out = capsys.readouterr().out
     assert "open http://10.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning in a browser" in out
     assert " -m study.report --study s1 --tracking-uri http://10.0.0.1:5000" in out
-    final.print_summary(final.FinalResult("tiny", "sqlite:///x.db", "p", (only,), experiment_id="7"))
+    print_summary(FinalResult("tiny", "sqlite:///x.db", "p", (only,), experiment_id="7"))
     assert "study.report" not in capsys.readouterr().out
 
 

@@ -21,32 +21,16 @@ cores when it has several (each seed's process with its share of torch threads),
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
-import shlex
-import sys
 
-from study import console, inputs, names
-from study.final.plan import DEFAULT_CONFIG
-from study.final.results import ConfigurationResult, FinalResult
-from study.final.serving import print_serving
-from study.final.train import StoppedWhenDone, run_final
+from configs import DEFAULT_CONFIG
+from study import inputs, names
 from study.inputs import UsageError
-from study.interrupts import StopSignals, exit_code, signal_name
-from study.records import store
-from study.records.ending import tracking
-from trainables.core.checkpoint import CheckpointError
-from trainables.core.config import ConfigError
-from trainables.core.data import (
-    DATA_ROOT_ENV,
-    DatasetError,
-)
-from trainables.core.engine import TrainingDiverged
-from trainables.core.models import WeightsError
+from study.records import tracking
+from trainables.core.config import DATA_ROOT_ENV
 
 log = logging.getLogger(__name__)
-INPUT_ERRORS = (UsageError, ConfigError, DatasetError, WeightsError, CheckpointError)
 # what a study's final seeds train (--members): the race's tied candidates, decided on the validation classes
 # (docs/results.md, "The race's tie as one model"), or the pick alone
 MEMBERS = ("tied", "pick")
@@ -160,92 +144,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     names.check_names({"--study": args.study, "--experiment": args.experiment, "--register": args.register})
 
 
-def print_grid_summary(result: FinalResult) -> None:
-    keys = ("test_nmi", "test_recall_at_1", "test_recall_at_2", "test_recall_at_4", "test_recall_at_8", "test_map_at_r")
-    print(f"\n{result.name}: test metrics over {len(result.configurations[0].seeds)} seed(s), mean +- std")
-    print(f"  {'configuration':<28}" + "".join(f"{k.removeprefix('test_'):>18}" for k in keys))
-    for c in result.configurations:
-        cells = "".join(f"{c.summary[k + '_mean']:>10.4f} +-{c.summary[k + '_std']:.3f}" for k in keys)
-        print(f"  {c.name:<28}{cells}")
-    print(f"\nparent run: {result.parent_run_id}")
-    print_next(result)
-
-
-def report_command(result: FinalResult) -> str:
-    """``python -m study.report --study NAME`` for the study or grid this command trained (with a remote store's URI)."""
-    command = f"{console.python_command('study.report')} --study {result.report}"
-    return command if store.is_local_sqlite(result.uri) else f"{command} --tracking-uri {shlex.quote(inputs.redacted(result.uri))}"
-
-
-def print_next(result: FinalResult) -> None:
-    """The MLflow UI command with the address of the experiment's runs table, the report command (a study's or a grid's),
-    the serve commands and where library warnings went."""
-    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(result.uri), result.experiment_id or None)}")
-    if result.report:
-        print(f"write the report (tables, curves, retrieval grids, t-SNE maps):  {report_command(result)}")
-    print_serving(result)
-    if result.log:
-        print(f"\nwarnings and library logs: {result.log}")
-
-
-def print_summary(result: FinalResult) -> None:
-    if result.grid:
-        print_grid_summary(result)
-        return
-    (only,) = result.configurations
-    summary = only.summary
-    keys = [k.removesuffix("_mean") for k in summary if k.endswith("_mean") and k.startswith("test_")]
-    print(f"\n{result.name}: test metrics over {len(only.seeds)} seed(s) (mean +- std)")
-    for key in keys:
-        print(f"  {key:<24} {summary[key + '_mean']:.4f} +- {summary[key + '_std']:.4f}")
-    print(f"  {'time per seed':<24} {summary['time_per_seed_s_mean']:.0f} s")
-    print(f"\nparent run: {result.parent_run_id}")
-    for seed in only.seeds:
-        print(f"  model: {seed.model_uri}  (run {seed.run_id})")
-        if seed.registered_uri:
-            print(
-                f"  registered as: {seed.registered_uri}: the first seed's model, seed {seed.seed} (the config's own); "
-                "picking the seed by its test score would tune on the test classes"
-            )
-    if only.ensemble:
-        print_ensemble(only)
-    print_next(result)
-
-
-def print_ensemble(outcome: ConfigurationResult) -> None:
-    """The seeds (or a study's tied candidates) as one model: its test metrics beside the members' mean, and its model."""
-    ensemble, n = outcome.ensemble, len(outcome.seeds)
-    what = f"the {n} seeds" if not ensemble.trials else f"the study's tied candidates ({', '.join(f'#{t}' for t in ensemble.trials)})"
-    wide = f"{ensemble.width} wide" if ensemble.trials else f"{n} x {outcome.config.embedding_dim} wide"
-    print(f"\n{what} as one model (their embeddings side by side, {wide}; {n} x the cost to embed):")
-    for key, value in ensemble.test.items():
-        print(f"  {key:<24} {value:.4f}  ({'members' if ensemble.trials else 'seeds'}' mean {outcome.summary[key + '_mean']:.4f})")
-    print(f"  model: {ensemble.model_uri}  (run {ensemble.run_id})")
-    if ensemble.registered_uri:
-        print(f"  registered as: {ensemble.registered_uri}: {what} as one model")
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = parse_args(argv)
-        tracking.check_store(tracking.resolve_tracking_uri(args.tracking_uri), "study.final")  # before its log file
-        with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
-            inputs.redact_logs()
-            result = dataclasses.replace(run_final(args), log=log)  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
-    except INPUT_ERRORS as error:
+    except UsageError as error:  # a name that breaks the name rule: one line, exit 2
         return inputs.print_error(error)
-    except StoppedWhenDone as error:
-        print(f"study.final stopped by {error.name} as it ended: its runs had ended FINISHED, every result recorded", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt as error:
-        print(
-            f"study.final stopped by {signal_name(error)}: its runs are marked KILLED (nothing to resume; run the command again)",
-            file=sys.stderr,
-        )
-        return exit_code(error)
-    except TrainingDiverged as error:
-        print(f"error: training diverged: {error}", file=sys.stderr)
-        return 1
-    print_summary(result)
-    return 0
+    from study.final.run import run  # torch, MLflow and Ray load after the flags: --help and a bad flag answer at once
+
+    return run(args)

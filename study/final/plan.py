@@ -14,6 +14,7 @@ from typing import Any
 
 import mlflow
 
+from configs import DEFAULT_CONFIG
 from study import console, inputs
 from study.inputs import UsageError
 from study.records.parent import study_parent
@@ -23,9 +24,6 @@ from study.search.race import tie_member
 from trainables.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-DEFAULT_CONFIG = "omniglot_hbn.yaml"
 
 
 def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfig, str]:

@@ -30,9 +30,7 @@ from study.records.study_record import METRICS
 from study.records.tracking import DEFAULT_EXPERIMENT
 from study.search.race import RACE_FOLDS
 from study.search.schedulers import SAMPLERS, SCHEDULERS
-from trainables.core.data import (
-    DATA_ROOT_ENV,
-)
+from trainables.core.config import DATA_ROOT_ENV
 
 log = logging.getLogger(__name__)
 

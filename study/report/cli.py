@@ -26,12 +26,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import mlflow
-
 from study import inputs, names
-from study.records.ending import tracking
-from study.report.finals import write_report
-from study.report.sections import find_parent
+from study.records import tracking
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     tracking.configure_mlflow()
     try:
         args = parse_args(argv)
+        # MLflow, Optuna and matplotlib load after the flags: --help and a bad flag answer at once
+        import mlflow
+
+        from study.report.finals import write_report
+        from study.report.sections import find_parent
+
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         tracking.check_store(uri, "study.report")
         client = mlflow.MlflowClient(uri)

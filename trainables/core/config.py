@@ -27,6 +27,7 @@ LOSS_CHOICES = ("softmax", "ice")
 NORMALIZATION_CHOICES = ("none", "l2", "bn")
 OPTIMIZER_CHOICES = ("sgd", "adam", "adamw")
 BACKBONE_CHOICES = ("small_cnn", "resnet18", "resnet50", "googlenet")
+DATA_ROOT_ENV = "DML_DATA_ROOT"  # where the datasets are when --data-root is not given
 DATASET_CHOICES = ("omniglot", "cub200", "cars196", "sop", "inshop", "folder", "synthetic")
 SMALL_CNN_WIDTH = 64  # the channels of small_cnn's conv blocks unless backbone_width says otherwise
 REDUCTION_CHOICES = ("fc", "fc_dropout", "pca")  # 001_df21db8a9bc1b516, sec. 3.1 and Fig. 3

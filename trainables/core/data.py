@@ -46,11 +46,10 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image
 
-from trainables.core.config import held_out_classes
+from trainables.core.config import DATA_ROOT_ENV, held_out_classes
 
 log = logging.getLogger(__name__)
 
-DATA_ROOT_ENV = "DML_DATA_ROOT"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 OMNIGLOT_URL = "https://raw.githubusercontent.com/brendenlake/omniglot/master/python/{name}.zip"
 OMNIGLOT_TEST_ALPHABETS = ("Japanese_(katakana)", "Sanskrit", "Tagalog")
