@@ -12,7 +12,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,14 +153,15 @@ class Target:
     workdir: Path
     data_root: str | None  # where a task on a cluster's node loads the dataset
     owner: dict[str, str]  # the tags naming this process on each run (locks.owner_tags)
+    opened: list[str] = field(default_factory=list)  # the child runs opened so far: a failure marks those still RUNNING
 
 
 class SeedRuns:
     """The driver's side of one configuration's seeds (a ``study.final.placement.SeedRecorder``): a child run each, opened as its
     seed starts, its epochs logged and printed as they come, its output recorded (pictures, model, test metrics)."""
 
-    def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray, started: list[str]) -> None:
-        self.plan, self.name, self.target, self.register, self.example, self.started = plan, name, target, register, example, started
+    def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray) -> None:
+        self.plan, self.name, self.target, self.register, self.example = plan, name, target, register, example
         self.client = mlflow.MlflowClient()
         self.run_ids: dict[int, str] = {}
         self.jobs: dict[int, SeedJob] = {}
@@ -173,7 +174,7 @@ class SeedRuns:
 
     def open_child(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
         """A child run of the parent (a seed's or the ensemble's) with the common tags, ``tags`` and ``params``; its id,
-        also appended to ``started``."""
+        also kept in the target's ``opened``."""
         target = self.target
         tags = {**tracking.reproducibility_tags(), **target.owner, "mlflow.parentRunId": target.parent_id, **tags}
         if self.plan.study:
@@ -181,7 +182,7 @@ class SeedRuns:
         if self.plan.grid:
             tags["configuration"] = self.name
         run_id = self.client.create_run(target.experiment_id, run_name=run_name, tags=tags).info.run_id
-        self.started.append(run_id)
+        target.opened.append(run_id)
         self.client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
         return run_id
 
@@ -266,10 +267,10 @@ def killed_on_signal(run_id: str) -> Iterator[None]:
 
 
 def train_configuration(
-    plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None, started: list[str]
+    plan: FinalPlan, name: str, config: TrainConfig, splits: DatasetSplits, target: Target, register: str | None
 ) -> ConfigurationResult:
     """Train ``config`` over the plan's seeds where the target's placement says, one child run each; the run ids are
-    appended to ``started``."""
+    kept in the target's ``opened``."""
     from study.final.pyfunc import input_example
 
     placement = target.placement
@@ -277,7 +278,7 @@ def train_configuration(
     jobs = [
         SeedJob(i, plan.seed_config(config, i), device, target.num_workers, placement.threads, target.data_root) for i in range(plan.seeds)
     ]
-    runs = SeedRuns(plan, name, target, register, input_example(splits.test), started)
+    runs = SeedRuns(plan, name, target, register, input_example(splits.test))
     placing.train_seeds(jobs, placement, splits, runs, train_seed)
     results = [runs.results[i] for i in range(plan.seeds)]
     summary = summarize([r.test for r in results]) | {"time_per_seed_s_mean": float(np.mean([r.time_s for r in results]))}
@@ -299,7 +300,7 @@ def record_outcomes(client: mlflow.MlflowClient, parent_id: str, plan: FinalPlan
 
 
 def train_plan(
-    client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target, started: list[str]
+    client: mlflow.MlflowClient, plan: FinalPlan, splits: dict[tuple[str, int], DatasetSplits], target: Target
 ) -> tuple[ConfigurationResult, ...]:
     """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
     with uninterrupted():
@@ -313,7 +314,7 @@ def train_plan(
         if plan.grid:
             print(f"\n[{index + 1}/{len(plan.configurations)}] {name}", flush=True)
         data = splits[(config.dataset, config.image_size)]
-        outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None, started))
+        outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None))
         with uninterrupted():
             record_outcomes(client, target.parent_id, plan, outcomes)
     return tuple(outcomes)
@@ -350,15 +351,21 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
         owner = locks.owner_tags(lock)
         parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
-        started: list[str] = []
+        target: Target | None = None  # set with the parent run: a failure marks the child runs it opened
         try:
             with uninterrupted():
                 parent_id = open_parent(client, experiment_id, plan, owner)
             with tempfile.TemporaryDirectory() as tmp:
                 target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner)
-                outcomes = train_plan(client, plan, splits, target, started)
+                outcomes = train_plan(client, plan, splits, target)
         except BaseException as error:
-            mark_stopped(client, started, parent_id if plan.parent_run_id is None else None, error, in_study=False)
+            mark_stopped(
+                client,
+                target.opened if target is not None else [],
+                parent_id if plan.parent_run_id is None else None,
+                error,
+                in_study=False,
+            )
             raise
     try:
         with uninterrupted():
