@@ -84,12 +84,33 @@ def study_file(parent_id: str, name: str, uri: str, what: str) -> Any:
 def tied_members(study: str, parent_id: str, record: StudyRecord, epochs: int | None, uri: str) -> tuple[Member, ...]:
     """The candidates the study's race could not tell apart (its tied_configs.yaml, the pick first), at the final
     epochs; () for a study without the file (one from before it, or one that did not race)."""
-    entries = study_file(parent_id, "tied_configs.yaml", uri, "the study's tied candidates") or []
+    entries = study_file(parent_id, "tied_configs.yaml", uri, "the study's tied candidates")
+    if entries is None:
+        return ()
     source = f"tied_configs.yaml of study {study}"
     return tuple(
-        Member(int(entry["trial"]), TrainConfig.from_dict({**entry["config"], **final_epochs(epochs, record)}, source=source))
-        for entry in entries
+        Member(trial, TrainConfig.from_dict({**config, **final_epochs(epochs, record)}, source=source))
+        for trial, config in tied_entries(entries, source)
     )
+
+
+def tied_entries(entries: Any, source: str) -> list[tuple[int, dict[str, Any]]]:
+    """(trial, config) of each entry of a tied_configs.yaml as the study writes it: a non-empty list of
+    ``{trial: N, config: {...}}``; anything else (a hand edit) is a UsageError naming ``source`` and the entry."""
+    if not isinstance(entries, list) or not entries:
+        raise UsageError(f"{source}: expected a non-empty list of {{trial: N, config: {{...}}}}, the race's tie; got {entries!r:.80}")
+    read = []
+    for index, entry in enumerate(entries):
+        where = f"{source}: entries[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"trial", "config"}:
+            raise UsageError(f"{where}: expected a mapping with keys trial and config; got {entry!r:.80}")
+        trial, config = entry["trial"], entry["config"]
+        if isinstance(trial, bool) or not isinstance(trial, int) or trial < 0:
+            raise UsageError(f"{where}.trial: expected a trial number (an integer >= 0); got {trial!r:.40}")
+        if not isinstance(config, dict):
+            raise UsageError(f"{where}.config: expected a mapping of config keys to values; got {config!r:.80}")
+        read.append((trial, config))
+    return read
 
 
 def still_running(study: str, experiment: str, uri: str, parent_id: str) -> str:

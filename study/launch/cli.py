@@ -30,9 +30,11 @@ from study.records.study_record import METRICS
 from study.records.tracking import DEFAULT_EXPERIMENT
 from study.search.race import RACE_FOLDS
 from study.search.schedulers import SAMPLERS, SCHEDULERS
-from trainables.core.config import DATA_ROOT_ENV
+from trainables.core.config import DATA_ROOT_ENV, RANGES
 
 log = logging.getLogger(__name__)
+
+SEED_MAX = int(RANGES["seed"].high)  # the sampler's seed takes the range of a config's seed
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -167,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def bad(flag: str, value: Any, expected: str) -> None:
         parser.error(f"{flag} {value}: expected {expected}")
 
+    if not 0 <= args.seed <= SEED_MAX:
+        bad("--seed", args.seed, f"an integer from 0 to {SEED_MAX}")
     if args.num_samples is not None and args.num_samples < 1:
         bad("--num-samples", args.num_samples, "an integer >= 1")
     if args.max_concurrent is not None and args.max_concurrent < 1:

@@ -184,7 +184,8 @@ def _number(path: str, key: str, value: Any, kind: str) -> Any:
     return int(value) if kind == "int" or abs(value) > FLOAT32_MAX else float(value)
 
 
-def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
+def _parse_param(path: str, name: str, spec: Any, defined: dict[str, tuple | None]) -> Param:
+    """``defined``: the parameters defined before this one, each with the values it can take (None: a numeric range)."""
     where = f"params.{name}"
     if name not in TrainConfig.keys():
         raise _fail(path, where, f"unknown parameter; expected a config key ({', '.join(TrainConfig.keys())})")
@@ -204,6 +205,11 @@ def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
         if key not in defined:
             raise _fail(path, f"{where}.when.{key}", "condition on a parameter that is not defined earlier in params or in fixed")
         when[key] = tuple(value) if isinstance(value, list) else (value,)
+        takes = defined[key]
+        never = [v for v in when[key] if takes is not None and v not in takes]
+        if never:  # the parameter would silently never be searched
+            expected = ", ".join(repr(v) for v in takes)
+            raise _fail(path, f"{where}.when.{key}", f"{never[0]!r} is a value {key} never takes; expected values among {expected}")
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -265,12 +271,13 @@ def parse_space(data: Any, path: str) -> Space:
     if params_raw:
         if not isinstance(params_raw, dict):
             raise _fail(path, "params", "expected a mapping of parameter name to spec")
-        defined = set(fixed)
+        defined: dict[str, tuple | None] = {key: (value,) for key, value in fixed.items()}
         for name, spec in params_raw.items():
             if name in fixed:
                 raise _fail(path, f"params.{name}", "also in fixed; a parameter is either fixed or searched")
-            space.params.append(_parse_param(path, name, spec, defined))
-            defined.add(name)
+            param = _parse_param(path, name, spec, defined)
+            space.params.append(param)
+            defined[name] = param.choices if param.type == "categorical" else None
     if grid_raw:
         if not isinstance(grid_raw, dict):
             raise _fail(path, "grid", "expected a mapping of config key to a list of values")

@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -201,10 +202,15 @@ def open_cache(folder: Path, paths: list[str], size: int, workers: int = 1) -> t
 
 def _budget() -> float:
     value = os.environ.get(CACHE_MAX_GB_ENV, "")
+    if not value:
+        return float("inf")
     try:
-        return float(value) * 1e9 if value else float("inf")
+        gigabytes = float(value)
     except ValueError:
-        raise data.DatasetError(f"${CACHE_MAX_GB_ENV}={value!r}: expected a number of gigabytes (0 turns the cache off)") from None
+        gigabytes = float("nan")
+    if not (math.isfinite(gigabytes) and gigabytes >= 0):  # nan or inf would let any size in, a negative turn it off
+        raise data.DatasetError(f"${CACHE_MAX_GB_ENV}={value!r}: expected a number of gigabytes, finite and >= 0 (0 turns the cache off)")
+    return gigabytes * 1e9
 
 
 def attach_cache(splits: DatasetSplits, image_size: int, data_root: str | os.PathLike | None = None, workers: int = 1) -> bool:
