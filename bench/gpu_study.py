@@ -1,6 +1,6 @@
 """A whole study on one GPU through Ray, then its final model, in one run.
 
-Workload: what bench/gpu_path.py measures piece by piece, run the way a user runs it: ``python -m study.launch`` on a
+Workload: what bench.gpu_path measures piece by piece, run the way a user runs it: ``python -m study.launch`` on a
 CUB-shaped photo set (tests/photo_data.py, generated under --root) with K trials sharing the GPU
 (``--gpus-per-trial 1/K --cpus-per-trial CPUs/K``), the default scheduler, the race and the MLflow records, then
 ``python -m study.final --study NAME`` on the same GPU. The space (``space_yaml``): the default space's two families

@@ -373,7 +373,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "same surrogate; bare: `tune.Tuner` over drawn configs, no searcher, no scheduler, no loggers. "
         "minimum = epochs reported x epoch s / slots. fit wall: the header before `Tuner.fit` to the last "
         "progress line (full) or `Tuner.fit` (stock, bare). driver CPU: the driver process only (Ray's processes apart). "
-        "Read docs/scale.md for what ran beside.",
+        "The load column says what ran beside; docs/performance.md reads the figures.",
         "",
         "| stack | slots | trials | rc | Tune trials | epochs | wall s | fit wall s | minimum s | wall/min | fit/min | driver CPU-s | "
         "CPU-s/trial | CPU-ms/epoch | peak RSS MB | Ray system CPU-s | workers CPU-s | machine busy CPU-s | max spool | "

@@ -153,7 +153,7 @@ def family(config: dict[str, Any]) -> str:
 
 
 def key_params(config: dict[str, Any]) -> str:
-    """The searched params of a default-space pick that tell it apart, in the words of docs/results.md."""
+    """The searched params of a default-space pick that tell it apart, in the words of docs/findings.md."""
     if config.get("loss") == "ice":
         head = [f"s {config.get('ice_scale', math.nan):.1f}"]
     else:

@@ -16,16 +16,16 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- the study
 # Ray Tune adds CSV, JSON and TensorBoard loggers to every fit() unless this is "1": a study passes the CSV and JSON
 # loggers itself and leaves TensorBoard out. MLflow holds every metric, and tensorboardX imports torch into the driver
-# just as the trials' workers start (about 1 s of CPU they wait for on a small machine) and writes each result again.
+# just as the trials' workers start, CPU they wait for on a small machine (docs/performance.md, measurements behind the
+# code), and writes each result again.
 AUTO_LOGGERS_FLAG = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 # a local Ray listens on the loopback only (Ray reads this when it is imported), runs trials at normal priority (Ray's
 # default niceness of 15 starves them beside any other work on the machine), and starts no idle workers ahead of need:
-# by default it prestarts one per CPU as the driver connects, each importing Ray (about 0.7 CPU-s) beside the driver's
-# own start-up, and a study leaves most of them idle (a two-trial study started 6 worker processes with them, 4
-# without: tests/test_reliability.py's diverging study). These are Ray's system settings
-# (RAY_ + the setting's name): Ray ignores a name it no longer knows, so tests/test_local_ray.py checks each one's effect.
-# Its workers also inherit PYTHONWARNINGS=ignore from this environment: given as a job's runtime_env instead, it costs
-# each worker about 0.9 CPU-s more to start (Ray's runtime-env agent sets up every worker; docs/benchmarks.md section 7)
+# by default it prestarts one per CPU as the driver connects, each importing Ray beside the driver's own start-up, and
+# a study leaves most of them idle. These are Ray's system settings (RAY_ + the setting's name): Ray ignores a name it
+# no longer knows, so tests/test_local_ray.py checks each one's effect. Its workers also inherit PYTHONWARNINGS=ignore
+# from this environment: given as a job's runtime_env instead, Ray's runtime-env agent sets up every worker, and each
+# starts slower. What each of these costs: docs/performance.md, measurements behind the code.
 LOCAL_RAY_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_worker_niceness": "0",

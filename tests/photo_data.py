@@ -17,7 +17,7 @@ approximations written from the datasets' descriptions, not fitted to the real f
 machine that wrote this).
 
 ``--scale`` shrinks the image and class counts alike (at least 2 images per class; the tests use tiny scales),
-``--size-scale`` the image sizes. The tests write tiny sets; the GPU benchmarks (bench/gpu_path.py, bench/gpu_study.py)
+``--size-scale`` the image sizes. The tests write tiny sets; the GPU benchmarks (bench.gpu_path, bench.gpu_study)
 write full-size ones. Examples:
 
   python -m tests.photo_data --root /tmp/photos --datasets sop --scale 0.1      # an SOP-shaped subset (12,005 images)

@@ -1,4 +1,4 @@
-"""bench/gpu_path.py: with --config, the backbone each row names is the one it trains."""
+"""bench.gpu_path: with --config, the backbone each row names is the one it trains."""
 
 from __future__ import annotations
 

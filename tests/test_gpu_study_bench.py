@@ -1,4 +1,4 @@
-"""bench/gpu_study.py: its space is one the project accepts, and it reads the study's and final's summaries as they
+"""bench.gpu_study: its space is one the project accepts, and it reads the study's and final's summaries as they
 print them."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The classes: paths and names that would leave their folder, model inputs of every shape, addresses and stores that
 would hang or retry for minutes, YAML that expands without bound, bounds and images that raise tracebacks, and data
-whose retrieval metrics would be NaN. docs/reliability.md, "Inputs and paths", lists them.
+whose retrieval metrics would be NaN. docs/reference/faults.md, "Bad input", lists them.
 """
 
 from __future__ import annotations

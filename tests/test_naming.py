@@ -189,7 +189,7 @@ def spy_on_mlflow(monkeypatch) -> dict[str, list[str]]:
 def test_the_end_of_a_study_searches_its_trial_runs_once_and_reads_again_only_the_runs_it_changed(study_store, runs, monkeypatch):
     """Three trials' runs, then study.sync's end of the study twice: the first tags every trial run (its Optuna number
     and state), the second finds them tagged. The end searched the trial runs three times before (12 s each at 5,000
-    trials, docs/scale.md), and study.sync's recorder once more as it connected, with no record to write; now once in
+    trials, docs/performance.md), and study.sync's recorder once more as it connected, with no record to write; now once in
     all, and the end reads again, run by run, only the runs whose tags it wrote."""
     uri, experiment_id, parent_id, study, client = study_store
     trial_runs = {}

@@ -86,7 +86,7 @@ def test_durations_read_in_seconds_up_to_three_minutes_then_minutes_then_hours()
 
 
 def test_the_eta_bench_reads_the_progress_lines_back(tmp_path):
-    """bench/eta.py: each line's estimate against the last line's elapsed time, by hand."""
+    """bench.eta: each line's estimate against the last line's elapsed time, by hand."""
     from bench.eta import estimates, seconds, table
 
     assert [seconds(t) for t in ("38 s", "4 min", "2.5 h")] == [38, 240, 9000]
@@ -99,7 +99,7 @@ def test_the_eta_bench_reads_the_progress_lines_back(tmp_path):
 
 
 def test_the_eta_bench_puts_each_miss_down_to_the_epochs_or_the_pace_and_replays_a_recent_pace():
-    """bench/eta.py --runs: 10 epochs of one trial, 10 s each for 5 epochs then 30 s each (the machine got busier);
+    """bench.eta --runs: 10 epochs of one trial, 10 s each for 5 epochs then 30 s each (the machine got busier);
     the log's clock is MLflow's less 950 s. Every number below by hand."""
     from bench.eta import split_errors
 
@@ -122,7 +122,7 @@ def test_the_eta_bench_puts_each_miss_down_to_the_epochs_or_the_pace_and_replays
 
 
 def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs_left():
-    """bench/eta.py --runs: each line's estimate made again from the study's records. Two trials of up to 4 epochs on
+    """bench.eta --runs: each line's estimate made again from the study's records. Two trials of up to 4 epochs on
     a rung at 1 (eta 4), then a race of 1 candidate on 1 more fold (one re-run of 4 epochs); the log's clock is
     MLflow's less 950 s. Every number below by hand."""
     from bench.eta import replay, state_at

@@ -571,8 +571,8 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
     so the resume never did. The end of the study gives it a FAILED run with the orphan's reason: MLflow holds one run per
     Optuna trial, and an end of the study written again (study.sync) adds none.
 
-    Also when the kill came while Optuna asked, before the searcher named the trial (bench/resume_scale.py, 1 of 11 runs
-    of 20 trials killed at 6, 2026-11-26: an Optuna trial with no params, no user attrs and no run): its run is keyed
+    Also when the kill came while Optuna asked, before the searcher named the trial (bench.resume_scale, 1 of 11 runs of 20
+    trials killed at 6: an Optuna trial with no params, no user attrs and no run): its run is keyed
     ``optuna-<number>``."""
     import mlflow
 

@@ -133,8 +133,8 @@ sys.stdin.read()  # the transaction stays open until killed (the test never clos
 
 
 def test_a_store_whose_writer_was_killed_mid_transaction_is_checked_and_read_as_it_was(tmp_path):
-    """A driver SIGKILLed while MLflow wrote (bench/resume_scale.py, 3 of 8 kills beside a busy loop per core,
-    2026-11-26) leaves sqlite's hot journal beside the store. The store check's read-only look for a move cannot roll
+    """A driver SIGKILLed while MLflow wrote (bench.resume_scale, 3 of 8 kills beside a busy loop per core)
+    leaves sqlite's hot journal beside the store. The store check's read-only look for a move cannot roll
     it back (SQLITE_READONLY_ROLLBACK), so every command, --resume first, failed with "cannot rebind a moved MLflow
     store (attempt to write a readonly database)". Now the check rolls it back, as any MLflow client does."""
     from study.records import tracking

@@ -77,7 +77,7 @@ def snapshot_has_a_running_trial(experiment_dir: Path, epochs: int, re_run: bool
 
     Only while every unfinished trial's checkpoint that the snapshot names still exists: with a checkpoint every
     epoch, Tune's ``num_to_keep=2`` deletes the one a snapshot names two epochs later, and forces the next snapshot
-    only after that. A resume puts such a folder back from the driver's links (docs/reliability.md, and the test
+    only after that. A resume puts such a folder back from the driver's links (docs/reference/faults.md, and the test
     below deletes them on purpose once); the kill itself then comes at a moment of Tune's own making."""
     from ray.tune import ExperimentAnalysis
 
@@ -100,7 +100,7 @@ def snapshot_has_a_running_trial(experiment_dir: Path, epochs: int, re_run: bool
 
 def delete_named_checkpoints(experiment_dir: Path) -> list[str]:
     """Deletes the checkpoint folder that Tune's last snapshot names for each unfinished trial, as Tune's
-    ``num_to_keep=2`` does when the trial checkpoints twice more before the next snapshot (docs/reliability.md);
+    ``num_to_keep=2`` does when the trial checkpoints twice more before the next snapshot (docs/reference/faults.md);
     returns the folders deleted."""
     from ray.tune import ExperimentAnalysis
 

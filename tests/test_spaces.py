@@ -676,7 +676,7 @@ def test_final_budget_factor_scales_the_final_epochs_only(tmp_path):
     plain = load_space(write(tmp_path, LR, "plain.yaml"))
     assert plain.final_budget_factor == 1.0 and plain.final_epochs(7) == 7
     default = load_space("default")
-    assert default.final_epochs(default.fixed["epochs"]) == 32  # 2 x 16, chosen on the validation classes (docs/results.md)
+    assert default.final_epochs(default.fixed["epochs"]) == 32  # 2 x 16, chosen on the validation classes (docs/findings.md)
     assert all(load_space(name).final_epochs(4) == 4 for name in ("smoke", "ice"))
 
 

@@ -82,7 +82,7 @@ def test_a_finished_longer_budget_ends_higher():
         finals = [final_recall(config, b) for b in (1, 4, 16, 30)]
         assert finals == sorted(finals), finals
         assert finals[2] > finals[1] + 0.05
-    assert 0.2 < final_recall(DEFAULT, 1) < 0.4  # docs/results.md: about 0.3 after one epoch ...
+    assert 0.2 < final_recall(DEFAULT, 1) < 0.4  # docs/findings.md, the papers' tables: about 0.3 after one epoch ...
     assert 0.6 < final_recall(DEFAULT, 16) < 0.85  # ... and 0.6-0.85 at 16 epochs
 
 

@@ -1,4 +1,4 @@
-"""bench/verdicts.py's pure helpers against hand-computed values: the runs it plans, the mean and spread of the picks'
+"""bench.verdicts's pure helpers against hand-computed values: the runs it plans, the mean and spread of the picks'
 test metrics, the families that won, the reproducibility judgement and the verdict in a few words. No study runs."""
 
 from __future__ import annotations

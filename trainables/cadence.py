@@ -4,9 +4,10 @@ Ray Tune keeps a trial's newest ``CheckpointConfig(num_to_keep)`` checkpoints, a
 snapshot never names a deleted one it snapshots the whole experiment state (every trial of the study) as soon
 as any trial has checkpointed ``num_to_keep`` times since the last snapshot. With a checkpoint per epoch and
 short epochs that is a snapshot every few seconds, each the size of the study: the driver's cost per trial
-then grows with the number of trials (docs/scale.md). A trial therefore checkpoints an epoch only when
-``every_s`` seconds have passed since its last checkpoint (or its start): every epoch with ``every_s`` 0, and
-otherwise a trial that is stopped, killed or moved retrains at most ``every_s`` seconds of epochs.
+then grows with the number of trials (docs/performance.md, a study at cluster scale). A trial therefore
+checkpoints an epoch only when ``every_s`` seconds have passed since its last checkpoint (or its start): every
+epoch with ``every_s`` 0, and otherwise a trial that is stopped, killed or moved retrains at most ``every_s``
+seconds of epochs.
 
 Imports no torch: the surrogate trainable uses it too.
 """

@@ -10,8 +10,8 @@ torchvision, faiss or sklearn, so a trial starts in a fraction of a second on an
 The curve
 ---------
 A deterministic function of (config, budget b, epoch e of that budget, 1-based) plus seeded noise, shaped like
-this project's small CNN on Omniglot's test alphabets (docs/results.md: about 0.3 R@1 after one epoch, 0.7 at
-8 epochs, 0.8 at 30; the surrogate has no separate scale for the near-saturated validation characters)::
+this project's small CNN on Omniglot's test alphabets (the results it follows: docs/findings.md, the papers' tables;
+the surrogate has no separate scale for the near-saturated validation characters)::
 
     R@1(b, e) = clip(R0 + ((A - R0) + T(b, e)) * P(e * v) + 0.01 * z_seed + 0.005 * z_epoch [+ 0.01 * z_fold], 0, 1)
 
@@ -21,7 +21,7 @@ this project's small CNN on Omniglot's test alphabets (docs/results.md: about 0.
               - 0.12 (log10(lr / lr*))^2                        lr* = 2e-3 (adam, adamw), 5e-2 (sgd)
               + {bn: 0, l2: -0.015, none: -0.05}[normalization]  (Table 1 of 000_4178e6910e81cd2f, reproduced here)
               - 0.01 (log2(alpha / 5))^2                        softmax with l2 / bn features (Table 5: 4 > 16 > 32 > 64)
-              + 0.03 - 0.009 (log2(ice_scale / 20))^2           ice (best s 16-32 here, s = 1 17 points behind)
+              + 0.03 - 0.009 (log2(ice_scale / 20))^2           ice (best s 16-32 here, s = 1 far behind)
               + 0.015 clip(log2(classes_per_batch / 16), -2, 2) more classes per batch: more negatives
               - 0.015 (log2(samples_per_class / 3))^2           k about 3
               + 0.01 clip(log2(embedding_dim / 64), -4, 1)
@@ -29,8 +29,8 @@ this project's small CNN on Omniglot's test alphabets (docs/results.md: about 0.
               d_lr   = 1 - schedule.lr_factor_at(config_b, s)   how far the lr has decayed (Li et al., ICLR 2020)
               d_heat = schedule.heating_progress(config_b, s)
               H(b)   = 0.04 min(1, log2(alpha / heating_target) / 2) tanh((b - 12) / 8)
-                       heating costs on a short budget and pays on a long one (docs/results.md: reversed at 8 epochs,
-                       +3.4 points at 30)
+                       heating costs on a short budget and pays on a long one (docs/findings.md: the papers'
+                       tables, and HBN at 30 epochs)
 
 where ``config_b`` is the config with ``epochs = b`` and ``s = e - 1 / steps`` is the fractional epoch of the
 epoch's last step (``steps`` = 2,180 Omniglot fit images // batch size), the moment the engine reads ``lr_now``
@@ -41,7 +41,7 @@ where ``key`` is a sha256 of the keys that change training other than seed, epoc
 (``config.applicable_keys``), so two configs that train alike draw alike. A confirmation re-run on validation fold
 f > 0 (other held-out classes) adds ``0.01 * z_fold``, drawn from ``default_rng([key, 2, f])``: the same for every
 seed of the config on that fold, as held-out classes are. The other metrics follow R@1 (r = R@1,
-m = 1 - r), with the constants fitted to docs/results.md's tables::
+m = 1 - r), with the constants fitted to docs/findings.md's tables::
 
     val_recall_at_k  = 1 - m (0.45 + 0.5 m)^log2(k)     k in 1, 2, 4, 8
     val_map_at_r     = 0.72 r^2.35                      below R@1

@@ -32,7 +32,7 @@ from trainables.core.config import DATA_ROOT_ENV
 
 log = logging.getLogger(__name__)
 # what a study's final seeds train (--members): the race's tied candidates, decided on the validation classes
-# (docs/results.md, "The race's tie as one model"), or the pick alone
+# (docs/findings.md, "The final model: the tie and the seeds as one model"), or the pick alone
 MEMBERS = ("tied", "pick")
 
 

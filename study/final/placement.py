@@ -34,8 +34,8 @@ SEED_RETRIES = 3  # attempts after the first of a seed whose worker or node died
 # Fault injection for tests: the first seed task to end its second epoch (its first one reported) while this file is
 # missing creates it, and its worker dies (os._exit) as a worker does whose node is lost; Ray then runs the seed again.
 FAULT_ENV = "DML_FINAL_LOSE_A_SEED_ONCE"
-# The placement rule, measured on the 2-core machine of README (study.final section): the seeds of a configuration train
-# side by side, one process per seed sharing the cores, when this machine has at least this many cores.
+# The placement rule (docs/performance.md, measurements behind the code): the seeds of a configuration train side by
+# side, one process per seed sharing the cores, when this machine has at least this many cores.
 PARALLEL_MIN_CORES = 2
 
 
@@ -59,14 +59,14 @@ class Placement:
 
 
 def local_placement(cores: int, seeds: int, device_type: str) -> Placement:
-    """The rule for a final training on this machine (no ``--address``), from what was measured (README, study.final).
+    """The rule for a final training on this machine (no ``--address``), from what was measured (docs/performance.md,
+    measurements behind the code).
 
     With ``cores >= PARALLEL_MIN_CORES``, CPU training and more than one seed, all the seeds of a configuration
     train at once, each in its own process with ``cores // seeds`` torch threads (at least 1); a local Ray gets as
-    many logical CPUs as there are seeds (each task asks for one). On 2 cores (a loaded machine), 3 seeds of the
-    README's example config at once took 242 s at 6 epochs, against 258 s one after another with one thread and
-    far longer with torch's 2 threads; 2 at once, then 1, was slower than 3 at once. The local Ray's start is a
-    fixed cost: at 2 epochs one after another with one thread still won (139 s against 157 s).
+    many logical CPUs as there are seeds (each task asks for one). On 2 cores that beat one seed after another with
+    one thread, one after another with torch's threads, and 2 at once then 1. The local Ray's start is a fixed cost,
+    so on a budget of a few epochs one after another can still win.
     A GPU, a single seed or a single core: one after another in the driver, as before.
     """
     if device_type != "cpu" or seeds < 2 or cores < PARALLEL_MIN_CORES:

@@ -157,9 +157,9 @@ def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, lis
 
     A search trial is expected to train what successive halving keeps (:func:`trial_epochs_left`), not the ended ones'
     mean: ASHA keeps the first trials at a rung freely (it has nothing to compare them with yet), so the first to end
-    cost the whole ladder while the later ones are kept at about 1 / eta (issue 32: the ended mean made a default study
-    that pruned 9 of 16 trials expect 2.4x the search epochs it had left). The longest ended trial gives the ladder's
-    full length once one has trained it.
+    cost the whole ladder while the later ones are kept at about 1 / eta, and the ended ones' mean overstates what is
+    left (docs/performance.md, measurements behind the code). The longest ended trial gives the ladder's full length
+    once one has trained it.
     """
     waiting, ended, running = search
     full = max([max_epochs, *ended])
@@ -174,8 +174,8 @@ def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, lis
 
 def pace_since(first: tuple[float, int], now: tuple[float, int]) -> float:
     """Seconds per epoch (the study's slots together) from ``first`` to ``now``, each (time, epochs trained by then):
-    the pace the progress line's time left is estimated at, from the first reported epoch on (issue 32's measure in
-    docs/benchmarks.md section 9: it does as well as a recent window). ``now`` has trained more epochs than ``first``."""
+    the pace the progress line's time left is estimated at, from the first reported epoch on: it does as well as a
+    recent window (docs/performance.md, time left). ``now`` has trained more epochs than ``first``."""
     return (now[0] - first[0]) / (now[1] - first[1])
 
 
@@ -205,7 +205,7 @@ def study_epochs_left(
 
 def format_duration(seconds: float) -> str:
     """Seconds as "45 s", "12 min" or "2.5 h": seconds up to 3 minutes, where whole minutes would round 95 s to
-    "2 min", a quarter more than the estimate itself (bench/eta.py)."""
+    "2 min", a quarter more than the estimate itself (``python -m bench.eta``)."""
     if seconds < 180:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -240,8 +240,8 @@ class Progress(Callback):
 
     def _time_left(self, trials, search_ended: list[int], search_running: list[int], reruns_running: list[int]) -> float | None:
         """Seconds the study still needs (:func:`study_epochs_left`) at the pace since its first reported epoch (Ray's
-        start-up left out): None before a trial has ended (until then a trial's cost is a guess; issue 32: "~38 min
-        left" first, for a 14-minute study)."""
+        start-up left out): None before a trial has ended (until then a trial's cost is a guess, and a guess at the
+        full budget overstates a study that stops trials early; docs/performance.md, measurements behind the code)."""
         done = sum(search_ended) + sum(search_running) + sum(reruns_running)
         if not search_ended or self.first_result is None or done <= self.first_result[1]:
             return None

@@ -55,7 +55,7 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
     a(
         "--space",
         help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
-        "(default, heated_softmax, ice, paper_ablation, smoke, and the repro_* grids of docs/results.md); "
+        "(default, heated_softmax, ice, paper_ablation, smoke, and the repro_* grids of docs/findings.md); "
         "default: default (with --resume: the study's own)",
     )
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")
@@ -122,7 +122,7 @@ def add_cluster_flags(a: Callable[..., argparse.Action]) -> None:
         default=60.0,
         metavar="SECONDS",
         help="a trial checkpoints an epoch at most every SECONDS (default 60; 0: every epoch): a stopped, killed or moved "
-        "trial retrains at most that much, and Tune's snapshots of the whole study stay rare (docs/scale.md)",
+        "trial retrains at most that much, and Tune's snapshots of the whole study stay rare (docs/performance.md)",
     )
     a(
         "--rehearse",

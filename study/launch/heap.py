@@ -3,9 +3,8 @@
 A study's driver allocates and frees a great many short-lived blocks: each trial's results as Ray delivers them,
 Tune's snapshots of every trial (serialized, then parsed back by ``study.launch.tunestate``), the MLflow records. glibc's
 malloc keeps freed memory inside its arenas for reuse, so the driver's resident memory creeps up with the study
-although what it holds grows far less. ``malloc_trim(0)`` hands the arenas' free pages back. Measured side by side
-on 2,000-trial rehearsals (bench/driver_rss.py, docs/scale.md): the driver grew 267 KB a trial during the search
-without it and 138 KB with it every 10 s.
+although what it holds grows far less. ``malloc_trim(0)`` hands the arenas' free pages back; every 10 s, it slows
+the driver's growth per trial (docs/findings.md, engineering decisions).
 
 Where the C library has no ``malloc_trim`` (musl, macOS) nothing is done.
 """

@@ -96,8 +96,9 @@ def run_study(settings: StudySettings, experiment_id: str) -> ending.StudySummar
                 finally:  # no record lands after the study marks its runs
                     recorder.close_writer()
                 selection = replay_race(s, study, results)
-                # Tune's result grid, which the Tuner keeps too, holds a frame of every trial's results (about 470 MB of
-                # a 5,000-trial driver, docs/scale.md); the end of the study reads none of it
+                # Tune's result grid, which the Tuner keeps too, holds a frame of every trial's results, much of a long
+                # study's driver memory (docs/performance.md, measurements behind the code); the end of the study reads
+                # none of it
                 del results, tuner
                 heap.release_freed()
                 with stops.deferred():

@@ -99,7 +99,9 @@ def searched(trials: list[FrozenTrial]) -> list[str]:
     return [name for name in common if len({repr(t.params[name]) for t in trials}) > 1]
 
 
-FANOVA_TRIALS = 1000  # fANOVA's forest grows with the trials (47 s for 1,000 on 2 busy cores): larger families are sampled
+# fANOVA's forest, and its time, grow with the trials (docs/performance.md, measurements behind the code): larger
+# families are sampled
+FANOVA_TRIALS = 1000
 
 
 def family_importances(study: optuna.Study) -> dict[str, dict[str, float] | str]:

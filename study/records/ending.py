@@ -346,8 +346,9 @@ def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list,
 
 def read_again(client, runs: list, changed: set[str], experiment_id: str, parent_id: str) -> list:
     """The trial ``runs`` with those in ``changed`` read again: run by run, or in one search of every trial's run when
-    more than a search page's worth (``tracking.SEARCH_PAGE``) changed. At the end of a large study few change (the driver tags each
-    trial as it ends), and searching 5,000 runs again cost 12 s and 70 MB (docs/scale.md)."""
+    more than a search page's worth (``tracking.SEARCH_PAGE``) changed. At the end of a large study few change (the driver
+    tags each trial as it ends), and a search of thousands of runs costs seconds and memory (docs/performance.md,
+    measurements behind the code)."""
     if len(changed) > tracking.SEARCH_PAGE:
         return child_runs(client, experiment_id, parent_id)
     return [client.get_run(run.info.run_id) if run.info.run_id in changed else run for run in runs]

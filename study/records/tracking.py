@@ -305,10 +305,10 @@ def child_runs(client: mlflow.MlflowClient, experiment_id: str, parent_id: str, 
 def metric_histories(client: mlflow.MlflowClient, run_ids: list[str], keys: list[str]) -> dict[tuple[str, str], list]:
     """``client.get_metric_history(run, key)`` for every run and key: {(run id, key): [Metric, ...]} ([] when none).
 
-    MLflow's client reads one run's key per call, about 5 to 15 ms each in its ORM: minutes for the curves of a study
-    of thousands of trials (docs/scale.md). A local sqlite store is therefore read in one query per 500 runs, from the
-    ``metrics`` table MLflow's schema defines (``value`` read as NaN where ``is_nan`` is set, as MLflow reads it); any
-    other store through the client, run by run.
+    MLflow's client reads one run's key per call, each through its ORM: minutes for the curves of a study of thousands
+    of trials (docs/performance.md, measurements behind the code). A local sqlite store is therefore read in one query
+    per 500 runs, from the ``metrics`` table MLflow's schema defines (``value`` read as NaN where ``is_nan`` is set, as
+    MLflow reads it); any other store through the client, run by run.
     """
 
     from mlflow.entities import Metric

@@ -282,7 +282,8 @@ class TrialRecorder:
     def _find_runs(self) -> None:
         """The trial ids of the child runs MLflow holds, once per connection, before a record picks or creates its run.
         Not at the connection itself: an end of the study with no record to write (``study.sync`` of a study whose
-        spool is empty) then searches its thousands of runs once, not twice (docs/scale.md)."""
+        spool is empty) then searches its thousands of runs once, not twice (docs/performance.md, measurements behind the
+        code)."""
         client = self.client
         if not self._runs_found:
             for run in training_runs(client, self.experiment_id, self.parent_run_id):

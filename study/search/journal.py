@@ -24,10 +24,10 @@ The journal's lock (``KillSafeLock``) is Optuna's own, a symbolic link
 script) also take, inside an ``flock`` of this project's writers. A writer
 killed while it holds Optuna's link leaves it behind, and Optuna's lock waits
 30 s (its grace period) before breaking it: a driver SIGKILLed mid-append made
-its ``--resume`` wait 30 s (3 of 11 kills in ``bench/resume_scale.py``). The
-kernel drops the ``flock`` with its holder, and the holder's mark beside it
-says that it held the link, so the next writer removes the link left behind at
-once.
+its ``--resume`` wait that long (docs/performance.md, measurements behind the
+code). The kernel drops the ``flock`` with its holder, and the holder's mark
+beside it says that it held the link, so the next writer removes the link left
+behind at once.
 """
 
 from __future__ import annotations

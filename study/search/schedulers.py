@@ -10,8 +10,8 @@
   Trials are compared within their *stratum*, the value of one searched key
   (the loss family by default): heated-up softmax learns more slowly than ICE
   early on and catches up later, so judged against ICE at the first rung it
-  would lose trials that win at the full budget (docs/benchmarks.md, rung
-  fidelity).
+  would lose trials that win at the full budget (docs/performance.md, study
+  efficiency and rung fidelity).
 - ``asha``: stock ASHA on ``training_iteration``: trials are judged after b epochs
   of their full-budget schedule, before heating and the lr decay (the baseline).
 - ``fifo``: no early stopping; every trial trains its full budget.

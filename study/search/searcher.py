@@ -164,8 +164,8 @@ class OptunaSearcher(Searcher):
         continues it: it is told FAIL. One that ended COMPLETE or PRUNED since is counted as asked for, though no
         restored Tune trial holds it: the study asks for no other in its place (a FAIL one is replaced, as an orphan
         is). The progress line counts Tune's trials, so it then ends one short of ``num_samples``; the summary and the
-        records, read from the storage, count it. (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, cost a
-        resume of 5,000 trials about a minute: it also reads every trial's results.)
+        records, read from the storage, count it. (Reading Tune's snapshot instead, with ``ExperimentAnalysis``, slows the
+        resume of a large study: it also reads every trial's results; docs/performance.md, measurements behind the code.)
         """
         stored = {t.number: t for t in self.study.get_trials(deepcopy=False)}
         ended = {t.user_attrs["tune_trial_id"]: n for n, t in stored.items() if t.state in ENDED and "tune_trial_id" in t.user_attrs}

@@ -44,7 +44,7 @@ from .transforms import image_dataset, normalize_batch
 
 log = logging.getLogger(__name__)
 ONE_SHOT_WAYS = 20  # the test report's N-way one-shot error (Lake et al., 2015)
-# image batches and conv weights in NHWC: 1.24x the images/s of NCHW for small_cnn on CPU (docs/benchmarks.md, section 6)
+# image batches and conv weights in NHWC: small_cnn trains faster than in NCHW on a CPU (docs/findings.md, engineering decisions)
 IMAGE_LAYOUT = torch.channels_last
 
 
@@ -186,8 +186,8 @@ class EvalLoaders:
     """The evaluation DataLoaders of one run, one per image set, built at first use and kept.
 
     With workers, a kept loader's processes stay alive between evaluations (``persistent_workers``): a trial
-    evaluates after every epoch, and starting ``num_workers`` processes each time cost a GPU trial 40 % of its
-    epoch on an H200 (docs/benchmarks.md section 4). A set gets at most one worker per batch.
+    evaluates after every epoch, and starting ``num_workers`` processes each time cost a GPU trial much of its
+    epoch (docs/performance.md, measurements behind the code). A set gets at most one worker per batch.
     """
 
     def __init__(self, image_size: int, device: torch.device, num_workers: int = 0, batch_size: int = 256):

@@ -3,8 +3,9 @@
 Everything here works on plain arrays (numpy or torch) and uses faiss for the
 nearest-neighbour search and k-means; it never imports ray, optuna or mlflow. The NMI of a
 clustering is computed here from its contingency table (:func:`normalized_mutual_info`), not
-with scikit-learn: ``sklearn.metrics`` (and the scipy it loads) took 1.1 to 1.9 s to import in
-every new trial worker, for a sum over a table that numpy does in microseconds.
+with scikit-learn: ``sklearn.metrics`` (and the scipy it loads) made every new trial worker
+slower to start (docs/performance.md, measurements behind the code), for a sum over a table
+that numpy does in microseconds.
 
 Embeddings are l2-normalized inside every public function, so cosine similarity
 is the inner product and the search is an exact ``faiss.IndexFlatIP``.
@@ -351,7 +352,8 @@ def nmi(
     ``numpy.random.default_rng(run_seed)``, in batched rounds: see :func:`_kmeans_plus_plus`)
     instead of faiss's default of k random points: with random points several centroids often
     start in one class and none in another, and the NMI of perfectly separated classes then
-    often stays near 0.85. The seeding costs about one Lloyd iteration (N x k x D).
+    often stays well below 1 (docs/performance.md, measurements behind the code). The seeding
+    costs about one Lloyd iteration (N x k x D).
     """
     x = _l2_normalize(_as_float_matrix(embeddings, "embeddings"))
     y = _as_labels(labels, "labels", x.shape[0], "embeddings")

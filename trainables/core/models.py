@@ -47,9 +47,9 @@ class SmallCNN(nn.Module):
     Each block runs its max-pooling before its ReLU: max-pooling commutes with a non-decreasing function, so
     ``relu(maxpool(y))`` equals ``maxpool(relu(y))`` value for value and passes the same gradients (both route a
     window's gradient to its first maximum, and both give zero where that maximum is <= 0), while the ReLU and its
-    backward pass touch a quarter of the elements: 0.89x the time of a training step of 128 Omniglot images at one
-    thread, 0.91x at two (docs/benchmarks.md section 2). The layers keep their indices (ReLU and pooling hold no
-    parameters), so state dicts of either order load into the other.
+    backward pass touch a quarter of the elements, and a training step takes less time (docs/findings.md, engineering
+    decisions). The layers keep their indices (ReLU and pooling hold no parameters), so state dicts of either order
+    load into the other.
     """
 
     def __init__(self, in_channels: int = 1, width: int = SMALL_CNN_WIDTH, image_size: int = 32) -> None:

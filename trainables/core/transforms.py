@@ -2,8 +2,9 @@
 
 Kept apart from ``data`` so that reading and checking a dataset (a study's driver does) needs no torch. Torchvision
 is imported by the image-by-image transforms only (:func:`train_transform`, :func:`eval_transform`): the batch-wise
-paths (characters, the decoded cache) never load it (its models and ops: a worker's import and first optimizer take
-0.4 s less; the ``torch._dynamo`` torchvision's ops import is loaded by torch's optimizers anyway)."""
+paths (characters, the decoded cache) never load it (its models and ops: a worker starts sooner without them, though
+not by much: the ``torch._dynamo`` torchvision's ops import is loaded by torch's optimizers anyway; docs/performance.md,
+measurements behind the code)."""
 
 from __future__ import annotations
 
@@ -331,9 +332,9 @@ class CharacterImages(BatchImages):
     ``__getitems__(indices)`` -> (images (B, 1, S, S) float32 normalized, labels (B,) int64): ink inverted to
     [0, 1] (:func:`to_tensor`), the affine jitter of ``strength`` (:func:`character_jitter`; none at None or 0)
     drawn for each image and applied to the whole batch at once (:func:`affine_batch`), then normalized as
-    :func:`train_transform` and :func:`eval_transform` do. Image by image, torchvision's transforms took a third of
-    a small model's epoch on the CPU. Use it with ``collate_fn=keep_batch``; randomness comes from torch's
-    generator, which the DataLoader seeds per worker.
+    :func:`train_transform` and :func:`eval_transform` do. Image by image, torchvision's transforms took much of a
+    small model's epoch on the CPU (docs/findings.md, engineering decisions). Use it with ``collate_fn=keep_batch``;
+    randomness comes from torch's generator, which the DataLoader seeds per worker.
     """
 
     def __init__(self, images: ImageSet, strength: float | None = None, label_index: dict[int, int] | None = None):
