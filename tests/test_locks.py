@@ -140,3 +140,26 @@ def test_a_process_lock_is_abandoned_only_once_its_process_is_gone(tmp_path):
         holder.wait()
     assert theirs.exists()  # SIGKILL ran nothing: the file stays, unheld
     assert locks.abandoned(theirs).startswith(f"pid {holder.pid} on ")
+
+
+def test_a_second_final_of_a_study_exits_2_naming_the_first_and_writes_nothing(runs, tmp_path, capsys):
+    """Before: two ``study.final --study NAME`` at once both trained: the study's parent got two final-NAME-seed0 runs and
+    the registry two versions. Now the second is refused in one line naming the first, before any run exists."""
+    from study.final import cli as final
+    from study.records import parent, tracking
+    from tests.conftest import recorded_params
+    from tests.test_final import write_config
+
+    uri = tracking.resolve_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    best = write_config(tmp_path / "best_config.yaml")
+    parent_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded_params(final_epochs=2))
+    client.set_terminated(parent_id)
+    with locks.final_lock(runs / "locks", "s1"):
+        code = final.main(["--study", "s1", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--study s1: a study.final of study s1 is running: pid {os.getpid()} on " in err and err.count("\n") == 1
+    children = client.search_runs([client.get_run(parent_id).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert children == [] and client.search_registered_models() == []
+    with locks.final_lock(runs / "locks", "s1"):  # released by the refused one
+        pass

@@ -331,6 +331,14 @@ def run_final(args: argparse.Namespace) -> FinalResult:
     checks.check_address(args.address)  # before Ray: ray.init retries a dead address for minutes
     with locks.store_setup_lock(uri):  # --study reads the store: one driver at a time creates or migrates a new one
         plan = make_plan(args, uri)
+    if plan.study is None:
+        return train_final(args, uri, plan)
+    with locks.final_lock(tracking.runs_dir() / "locks", plan.study):  # one final of a study at a time
+        return train_final(args, uri, plan)
+
+
+def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalResult:
+    """``run_final`` once the plan is made: the data checked, then the training under a parent run."""
     device = resolve_device(args.device)
     data_root = tracking.absolute_data_root(args.data_root) or plan.data_root
     splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created

@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from study.inputs import UsageError
@@ -42,10 +42,10 @@ def holder_line() -> str:
 
 
 @contextlib.contextmanager
-def study_lock(folder: Path, study_name: str) -> Iterator[Path]:
-    """Holds study ``study_name``'s lock for the body; a second holder fails at once with ``StudyLocked`` naming the first."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{study_name}.lock"
+def held_alone(path: Path, refusal: Callable[[str], str]) -> Iterator[Path]:
+    """Holds the lock file ``path`` for the body; a second holder fails at once with ``StudyLocked(refusal(holder))``,
+    ``holder`` the first's line (pid, host, start time, command)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -53,11 +53,7 @@ def study_lock(folder: Path, study_name: str) -> Iterator[Path]:
             if error.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
             fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise StudyLocked(
-                f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
-                "expected no other driver of it: wait for that one to end, or stop it and --resume"
-            ) from None
+            raise StudyLocked(refusal(fh.read().strip() or "another process")) from None
         fh.seek(0)
         fh.truncate()
         fh.write(holder_line() + "\n")
@@ -67,6 +63,27 @@ def study_lock(folder: Path, study_name: str) -> Iterator[Path]:
         finally:
             fh.seek(0)
             fh.truncate()  # released: the file stays (unlinking could let two drivers lock two different files)
+
+
+def study_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManager[Path]:
+    """Holds study ``study_name``'s lock for the body; a second holder fails at once with ``StudyLocked`` naming the first."""
+    path = folder / f"{study_name}.lock"
+    return held_alone(
+        path,
+        lambda holder: f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
+        "expected no other driver of it: wait for that one to end, or stop it and --resume",
+    )
+
+
+def final_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManager[Path]:
+    """Holds the lock of ``study.final --study study_name`` for the body: one final of a study at a time, so that the
+    study's parent run gets one set of seed runs and the registry one version."""
+    path = folder / f"final-{study_name}.lock"
+    return held_alone(
+        path,
+        lambda holder: f"--study {study_name}: a study.final of study {study_name} is running: {holder} (lock {path}); "
+        "expected one at a time: wait for it to end, or stop it and run the command again",
+    )
 
 
 @contextlib.contextmanager
