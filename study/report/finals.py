@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 def study_finals(client, parent, out: Path) -> list[Block]:
     """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
     name = parent.data.tags["study_name"]
-    finals = _final_seed_runs(client, parent)
+    finals, earlier = final_groups(_final_seed_runs(client, parent))
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
@@ -47,10 +47,35 @@ def study_finals(client, parent, out: Path) -> list[Block]:
     return [
         heading,
         *paper_table({column: [_seed_metrics(r) for r in finals]}),
+        *earlier_finals(earlier),
         *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
         *final_diagnostics(client, {column: finals}, out),
     ]
+
+
+def final_groups(runs: list) -> tuple[list, list[list]]:
+    """The seed runs of the latest study.final (one process wrote them: their ``owner_lock`` tag; runs from before that
+    tag count as one final) and the earlier finals' seed runs, each group oldest first; ``runs`` oldest first."""
+    groups: dict[str, list] = {}
+    for run in runs:
+        groups.setdefault(run.data.tags.get("owner_lock", ""), []).append(run)
+    ordered = sorted(groups.values(), key=lambda group: group[0].info.start_time)
+    return (ordered[-1], ordered[:-1]) if ordered else ([], [])
+
+
+def earlier_finals(groups: list[list]) -> list[Block]:
+    """One line for the finals before the latest: never averaged into its table."""
+    if not groups:
+        return []
+
+    def described(group: list) -> str:
+        epochs = sorted({r.data.params.get("epochs", "?") for r in group})
+        recall = [r.data.metrics["test_recall_at_1"] for r in group if "test_recall_at_1" in r.data.metrics]
+        shown = f" (R@1 {100 * float(np.mean(recall)):.1f})" if recall else ""
+        return f"{len(group)} seed(s) at {'/'.join(epochs)} epochs{shown}"
+
+    return [Paragraph(f"Earlier finals of this study, not in the table: {'; '.join(described(g) for g in groups)}.")]
 
 
 def ensemble_line(client, parent) -> list[Block]:

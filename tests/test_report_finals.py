@@ -1,0 +1,56 @@
+"""A study retrained more than once: its report's test table is the latest study.final's seeds alone; earlier finals
+are listed apart, never averaged in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from study.report.document import markdown
+from study.report.finals import final_groups, study_finals
+
+
+def seed_run(run_id: str, start: int, owner: str | None, epochs: int, recall: float):
+    tags = {"kind": "final_seed", "mlflow.parentRunId": "parent"} | ({"owner_lock": owner} if owner else {})
+    data = SimpleNamespace(tags=tags, params={"epochs": str(epochs)}, metrics={"test_recall_at_1": recall})
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id, experiment_id="0", start_time=start), data=data)
+
+
+def test_seed_runs_group_by_the_final_that_wrote_them_the_latest_last():
+    first = [seed_run(f"a{i}", 10 + i, "/runs/locks/final-1.lock", 32, 0.8) for i in range(3)]
+    second = [seed_run(f"b{i}", 100 + i, "/runs/locks/final-2.lock", 8, 0.5) for i in range(3)]
+    untagged = [seed_run("old", 1, None, 16, 0.7)]  # a run recorded before finals were tagged with their process
+    latest, earlier = final_groups([*untagged, *first, *second])
+    assert [r.info.run_id for r in latest] == ["b0", "b1", "b2"]
+    assert [[r.info.run_id for r in g] for g in earlier] == [["old"], ["a0", "a1", "a2"]]
+
+
+class Client:
+    """The MLflow calls study_finals makes, over fixed runs."""
+
+    def __init__(self, runs):
+        self.runs = runs
+
+    def search_runs(self, experiment_ids, filter_string="", order_by=None, max_results=None, page_token=None):
+        return Page(self.runs if "final_seed" in filter_string else [])
+
+    def get_metric_history(self, run_id, key):
+        return []
+
+
+class Page(list):
+    token = None
+
+
+def test_the_test_table_is_the_latest_finals_and_earlier_ones_are_listed_apart(tmp_path, monkeypatch):
+    """Before: a later final at 8 epochs was averaged with the first at 32, "over 6 seed(s)"."""
+    from study.report import finals
+
+    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out: [])
+    monkeypatch.setattr(finals, "ensemble_line", lambda client, parent: [])
+    first = [seed_run(f"a{i}", 10 + i, "/runs/locks/final-1.lock", 32, 0.8) for i in range(3)]
+    second = [seed_run(f"b{i}", 100 + i, "/runs/locks/final-2.lock", 8, 0.5) for i in range(3)]
+    parent = SimpleNamespace(info=SimpleNamespace(run_id="parent", experiment_id="0"), data=SimpleNamespace(tags={"study_name": "s"}))
+    text = markdown(study_finals(Client([*first, *second]), parent, tmp_path))
+    assert "over 3 seed(s)" in text and "over 6 seed(s)" not in text
+    assert "| R@1 | 50.0 ± 0.0 |" in text  # the latest final's three seeds, not the mean with the first's 80.0
+    assert "Earlier finals of this study, not in the table: 3 seed(s) at 32 epochs (R@1 80.0)." in text
