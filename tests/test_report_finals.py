@@ -3,7 +3,10 @@ are listed apart, never averaged in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from study.report.document import markdown
 from study.report.finals import final_groups, study_finals
@@ -54,3 +57,46 @@ def test_the_test_table_is_the_latest_finals_and_earlier_ones_are_listed_apart(t
     assert "over 3 seed(s)" in text and "over 6 seed(s)" not in text
     assert "| R@1 | 50.0 ± 0.0 |" in text  # the latest final's three seeds, not the mean with the first's 80.0
     assert "Earlier finals of this study, not in the table: 3 seed(s) at 32 epochs (R@1 80.0)." in text
+
+
+class Artifacts:
+    """download_artifacts of one parent run holding ``selection.json`` with ``text``."""
+
+    def __init__(self, text: str | None):
+        self.text = text
+
+    def download_artifacts(self, run_id, path, dst):
+        if self.text is None:
+            raise OSError("no such artifact")
+        target = Path(dst) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.text)
+        return str(target)
+
+
+PARENT = SimpleNamespace(info=SimpleNamespace(run_id="parent"), data=SimpleNamespace(tags={"study_name": "s"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("{not json", "JSONDecodeError"),
+        ('"a string"', "TypeError"),
+        ('{"ranking": [{"trial": 3}]}', "KeyError: 'scores'"),
+        ("{}", "KeyError: 'ranking'"),
+    ],
+)
+def test_a_hand_edited_selection_is_refused_naming_the_file(tmp_path, text, field):
+    """Before: an unreadable selection.json was taken for no race at all (the report said nothing of the pick), and one
+    missing a key ended the report in a KeyError traceback."""
+    from study.inputs import UsageError
+    from study.report.sections import recorded_selection
+
+    with pytest.raises(UsageError, match=rf"^selection.json of study s: not the race's record the study writes \({field}"):
+        recorded_selection(Artifacts(text), PARENT, tmp_path)
+
+
+def test_a_study_without_a_race_has_no_selection(tmp_path):
+    from study.report.sections import recorded_selection
+
+    assert recorded_selection(Artifacts(None), PARENT, tmp_path) is None

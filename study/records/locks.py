@@ -70,8 +70,10 @@ def study_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManag
     path = folder / f"{study_name}.lock"
     return held_alone(
         path,
-        lambda holder: f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
-        "expected no other driver of it: wait for that one to end, or stop it and --resume",
+        lambda holder: (
+            f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
+            "expected no other driver of it: wait for that one to end, or stop it and --resume"
+        ),
     )
 
 
@@ -81,8 +83,10 @@ def final_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManag
     path = folder / f"final-{study_name}.lock"
     return held_alone(
         path,
-        lambda holder: f"--study {study_name}: a study.final of study {study_name} is running: {holder} (lock {path}); "
-        "expected one at a time: wait for it to end, or stop it and run the command again",
+        lambda holder: (
+            f"--study {study_name}: a study.final of study {study_name} is running: {holder} (lock {path}); "
+            "expected one at a time: wait for it to end, or stop it and run the command again"
+        ),
     )
 
 

@@ -294,11 +294,21 @@ def best_config(client, parent, out: Path, picked: bool = False, final_epochs: i
 
 
 def recorded_selection(client, parent, out: Path) -> dict[str, Any] | None:
-    """The study's ``selection.json`` (its confirmation re-runs), None when it has none."""
+    """The study's ``selection.json`` (its race), None when it has none; one that does not read as the race's record
+    (a hand edit) is a UsageError naming the file and what failed."""
     try:
-        return json.loads(Path(client.download_artifacts(parent.info.run_id, "selection.json", str(out / "tmp"))).read_text())
-    except Exception:  # no confirmation runs (a grid, --confirm-seeds 0), or the study has not ended
+        path = Path(client.download_artifacts(parent.info.run_id, "selection.json", str(out / "tmp")))
+    except Exception:  # no race (a grid, --confirm-budget 0), or the study has not ended
         return None
+    source = f"selection.json of study {parent.data.tags.get('study_name')}"
+    try:
+        record = json.loads(path.read_text())
+        selection_from_record(record, "max")  # every field the report reads
+        str(record["verdict"])
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        reason = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        raise inputs.UsageError(f"{source}: not the race's record the study writes ({reason})") from None
+    return record
 
 
 def _optuna_study(parent, record: StudyRecord):
