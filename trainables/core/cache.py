@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "DML_CACHE_DIR"
 CACHE_MAX_GB_ENV = "DML_CACHE_MAX_GB"
-FORMAT = 1  # bump when the file layout or the decoding changes: old caches then have other keys
+FORMAT = 2  # bump when the file layout or the decoding changes: old caches then have other keys (2: checksums)
 FREE_MARGIN = 1 << 30  # bytes left free on the cache's disk
 CHUNK = 256  # images per decoding task
 
@@ -82,10 +82,25 @@ def _files(folder: Path, key: str) -> tuple[Path, Path, Path]:
     return folder / f"{key}.pixels", folder / f"{key}.shapes.npy", folder / f"{key}.json"
 
 
+def _digest(view: memoryview | bytes) -> str:
+    """A chunk's checksum: SHA-256, the fastest of hashlib's where CPUs hash it in hardware (docs/performance.md)."""
+    return hashlib.sha256(view).hexdigest()[:32]
+
+
+def _chunk_digests(pixels: np.ndarray) -> list[str]:
+    """The checksum of each CHUNK rows of ``pixels`` (N, size, size, 3), as the build writes them."""
+    return [_digest(memoryview(np.ascontiguousarray(pixels[start : start + CHUNK])).cast("B")) for start in range(0, len(pixels), CHUNK)]
+
+
+_verified: set[tuple[str, str]] = set()  # (folder, key) of the caches this process has checked: once a process
+
+
 def read_cache(folder: Path, key: str, count: int, size: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(pixels (count, size, size, 3) read-only memmap, shapes (count, 2)) of a complete cache, else None.
 
-    Complete: the manifest exists and names ``count`` and ``size``, and both files have exactly the bytes those give.
+    Complete: the manifest exists and names ``count`` and ``size``, both files have exactly the bytes those give, and,
+    the first time this process opens it, the shapes file and each chunk of pixels match the manifest's checksums (a
+    file overwritten at the same length is rebuilt, never trained on).
     """
     pixels, shapes, manifest = _files(folder, key)
     nbytes = count * size * size * 3
@@ -93,17 +108,24 @@ def read_cache(folder: Path, key: str, count: int, size: int) -> tuple[np.ndarra
         meta = json.loads(manifest.read_text())
         if meta.get("count") != count or meta.get("size") != size or pixels.stat().st_size != nbytes:
             raise ValueError(f"manifest {meta} against {pixels.stat().st_size} bytes of pixels")
-        sizes = np.load(shapes)
+        table = shapes.read_bytes()
+        sizes = np.load(io.BytesIO(table))
         if sizes.shape != (count, 2):
             raise ValueError(f"shapes {sizes.shape}")
+        images = np.memmap(pixels, np.uint8, "r", shape=(count, size, size, 3)) if count else np.empty((0, size, size, 3), np.uint8)
+        if (str(folder), key) not in _verified:
+            if _digest(table) != meta.get("shapes_digest") or _chunk_digests(images) != meta.get("digests"):
+                log.warning("decoded cache %s: its files do not match their checksums (changed after the build); rebuilding", pixels)
+                return None
+            _verified.add((str(folder), key))
     except FileNotFoundError:
         if pixels.exists() or shapes.exists():
             log.warning("decoded cache %s: no manifest (a build was cut short); rebuilding", pixels)
         return None
-    except (OSError, ValueError) as torn:
+    except (OSError, ValueError, EOFError) as torn:
         log.warning("decoded cache %s: torn (%s); rebuilding", pixels, torn)
         return None
-    return np.memmap(pixels, np.uint8, "r", shape=(count, size, size, 3)), sizes.astype(np.int64)
+    return images, sizes.astype(np.int64)
 
 
 @contextlib.contextmanager
@@ -169,8 +191,12 @@ def build_cache(folder: Path, key: str, paths: list[str], size: int, workers: in
     table = io.BytesIO()
     np.save(table, np.concatenate(parts) if parts else np.empty((0, 2), np.int64))
     _save(shapes, table.getvalue())
+    built = np.memmap(pixels, np.uint8, "r", shape=(len(paths), size, size, 3)) if paths else np.empty((0, size, size, 3), np.uint8)
+    digests = _chunk_digests(built)  # of the file as published: what a reader will check
+    del built
     seconds = time.perf_counter() - started
     meta = {"format": FORMAT, "count": len(paths), "size": size, "bytes": nbytes, "first": paths[0] if paths else "", "seconds": seconds}
+    meta |= {"chunk": CHUNK, "digests": digests, "shapes_digest": _digest(table.getvalue())}
     _save(manifest, json.dumps(meta).encode())
     directory = os.open(folder, os.O_RDONLY)
     try:
