@@ -8,6 +8,7 @@ printing whether its acceptance bound held: its exit status is 1 when it did not
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -104,3 +105,10 @@ def bound(held: bool | None, statement: str) -> int:
     word = {True: "held", False: "NOT held", None: "not measured"}[held]
     print(f"bound {word}: {statement}", flush=True)
     return 1 if held is False else 0
+
+
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The command line of benchmark ``name``: its docstring's first paragraph as the description, the rest as is."""
+    first, _, rest = doc.partition("\n\n")
+    raw = argparse.RawDescriptionHelpFormatter
+    return argparse.ArgumentParser(prog=f"python -m bench.{name}", description=first, epilog=rest, formatter_class=raw)

@@ -166,13 +166,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n")
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.resume_scale",
-        description=doc[0],
-        epilog="\n\n".join(doc[1:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = harness.parser("resume_scale", __doc__)
     parser.add_argument("--trials", type=int, default=5000, help="trials of the study (default 5000)")
     parser.add_argument("--kill-at", type=int, default=4000, help="SIGKILL the driver once this many trials finished (default 4000)")
     parser.add_argument("--slots", type=int, default=32, help="concurrent trials (= Ray's logical CPUs) to rehearse (default 32)")

@@ -279,12 +279,7 @@ def markdown(result: dict, args: argparse.Namespace, entries: list[dict]) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.rung_fidelity",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = harness.parser("rung_fidelity", __doc__)
     parser.add_argument("--space", default="default")
     parser.add_argument("--configs", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1)

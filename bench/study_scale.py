@@ -433,13 +433,7 @@ def write_outputs(out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n")
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.study_scale",
-        description=doc[0],
-        epilog="\n\n".join(doc[1:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = harness.parser("study_scale", __doc__)
     parser.add_argument("--slots", type=int, nargs="+", default=[8, 32, 64], help="concurrent trials (= Ray's logical CPUs) to rehearse")
     parser.add_argument(
         "--trials", type=int, nargs="+", default=[100, 1000, 5000], help="trials per study (100 at 8 slots: ~100 s minimum at 1 s/epoch)"

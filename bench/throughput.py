@@ -51,10 +51,7 @@ PHOTO_TRAIN_CLASSES, PHOTO_TEST_CLASSES, PHOTO_PER_CLASS, PHOTO_SIZE = 50, 10, 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    doc = __doc__.split("\n\n")
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.throughput", description=doc[0], epilog=doc[-1], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = harness.parser("throughput", __doc__)
     a = parser.add_argument
     a("--epochs", type=int, default=5, help="measured epochs per training run, after one warm-up epoch (default 5)")
     a("--repeats", type=int, default=3, help="training runs per measurement; the Ray comparison alternates direct and Ray (default 3)")

@@ -478,12 +478,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.verdicts",
-        description=__doc__.split("\n\n")[0],
-        epilog="Run it " + __doc__.split("Run it ")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = harness.parser("verdicts", __doc__)
     a = parser.add_argument
     a("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="sampler seeds, one study each (default 0 1 2 3 4)")
     a("--repeats", type=int, default=3, help="runs in all of --repeat-seed, to measure reproducibility; its study among --seeds counts as "
