@@ -22,6 +22,7 @@ import yaml
 
 from study.launch.cli import parse_args
 from study.launch.settings import max_classes_per_batch, prepare_space
+from study.search.schedulers import ladder
 from study.search.spaces import SHIPPED, load_space, parse_space
 from trainables.core.config import TrainConfig, held_out_classes
 
@@ -48,6 +49,8 @@ def test_a_preset_is_the_papers_protocol_for_its_dataset(name):
     assert searched["ice_scale"].low <= 64 <= searched["ice_scale"].high  # 004 Table 2: s = 64
     assert 1.0 in searched["mean_proxy_weight"].choices and 0.01 in searched["mean_proxy_weight"].choices  # 002 sec. 4.2
     assert 10.0 in searched["new_layer_lr_mult"].choices  # 004 sec. 4.1
+    epochs = fixed["epochs"]  # the default scheduler's rungs end at the trials' budget: no extra rung just before it
+    assert ladder("budget", epochs, epochs // 4, 4.0) == ((epochs // 4, epochs), (epochs // 4,))
 
 
 @pytest.mark.parametrize("name", PRESETS)
