@@ -1,4 +1,5 @@
-"""Checks of what a study will connect to, made before it does: the Ray cluster, the Optuna storage and the photos.
+"""Checks of what a study will connect to, made before it does: the Ray cluster, the Optuna storage, the photos, and
+whether the trials packed on a GPU fit its memory.
 
 Each check answers in seconds with a :class:`study.inputs.UsageError` of one line
 naming the flag, where the library it guards would retry for minutes (Ray, on an
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from study.inputs import UsageError, redacted
@@ -184,3 +187,109 @@ def check_photos(
     photos = any(s is not None and s.kind == "photos" and s.paths is not None for s in (splits.train, splits.test, splits.gallery))
     size = image_size_for(dataset, image_size)
     return photos and attach_cache(splits, size, data_root, workers=workers or os.cpu_count() or 1)
+
+
+# The peak GPU memory of one training step (torch's allocator), GiB, with the batch and crop it was measured at, on one
+# H200 by bench.gpu_path: photos in docs/bench/gpu_path.md (60 x 3 images of 224 px), characters in gpu_characters.md
+# (32 x 4 of 32 px). Nearly all of it is activations (ResNet-50's weights, gradients and momentum are 0.3 GiB of 8.4),
+# so it scales with the images a batch and their pixels. Backbones and precisions not measured are not checked.
+STEP_PEAK_GIB: dict[tuple[str, str], tuple[float, int, int]] = {
+    ("resnet50", "fp32"): (15.4, 180, 224),
+    ("resnet50", "bf16"): (8.4, 180, 224),
+    ("resnet50", "fp16"): (8.4, 180, 224),
+    ("googlenet", "fp32"): (8.8, 180, 224),
+    ("googlenet", "bf16"): (5.8, 180, 224),
+    ("googlenet", "fp16"): (5.8, 180, 224),
+    ("small_cnn", "fp32"): (0.2, 128, 32),
+    ("small_cnn", "bf16"): (0.1, 128, 32),
+}
+# What nvidia-smi shows of a trial's process beyond its step's peak: CUDA's context and the allocator's cache (one
+# small_cnn trial in bf16: 995 MiB at a 0.1 GiB peak; 16 of them 16,895 MiB: docs/bench/gpu_characters.json)
+PROCESS_GIB = 0.9
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU as nvidia-smi names it, and its memory."""
+
+    name: str
+    gib: float
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    """What a trial's GPU memory depends on: its backbone and precision, its largest batch (C x k) and its crop."""
+
+    backbone: str
+    precision: str
+    classes_per_batch: int
+    samples_per_class: int
+    image_size: int
+
+    @property
+    def batch(self) -> int:
+        return self.classes_per_batch * self.samples_per_class
+
+    def gpu_gib(self) -> float | None:
+        """What one training trial takes of a GPU, GiB: its step's peak scaled from :data:`STEP_PEAK_GIB` to its batch and
+        crop, plus :data:`PROCESS_GIB`; None for a backbone and precision not measured."""
+        measured = STEP_PEAK_GIB.get((self.backbone, self.precision))
+        if measured is None:
+            return None
+        peak, images, size = measured
+        return peak * self.batch / images * (self.image_size / size) ** 2 + PROCESS_GIB
+
+
+def local_gpus() -> list[Gpu]:
+    """This machine's GPUs (nvidia-smi's name and memory.total); empty without nvidia-smi or a GPU."""
+    query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.splitlines():
+        name, _, mib = line.rpartition(",")
+        if name.strip() and mib.strip().isdigit():
+            gpus.append(Gpu(name.strip(), int(mib) / 1024))
+    return gpus
+
+
+def packing_problem(what: str, shape: TrialShape, gpus_per_trial: float, gpu: Gpu) -> str | None:
+    """Why the trials of ``what`` that ``gpus_per_trial`` packs on one GPU (a trial uses one GPU: 1 or more puts one
+    trial on each) cannot share ``gpu``'s memory, with the numbers and the packing that fits; None when they fit or the
+    backbone and precision were not measured."""
+    need = shape.gpu_gib()
+    if need is None:
+        return None
+    per_gpu = max(1, int(1 / gpus_per_trial + 1e-9))
+    if per_gpu * need <= gpu.gib:
+        return None
+    peak, images, size = STEP_PEAK_GIB[(shape.backbone, shape.precision)]
+    fits = int(gpu.gib // need)
+    advice = (
+        f"expected --gpus-per-trial {1 / fits:.3g} or more (at most {fits} trial(s) a GPU), or smaller batches"
+        if fits
+        else "expected smaller batches (classes_per_batch x samples_per_class) or image_size: one trial alone does not fit"
+    )
+    return (
+        f"--gpus-per-trial {gpus_per_trial:g}: {per_gpu} trial(s) of {what} on a GPU of {gpu.gib:.1f} GiB ({gpu.name}) need "
+        f"{per_gpu} x {need:.1f} = {per_gpu * need:.1f} GiB: {shape.backbone} in {shape.precision} on batches up to "
+        f"{shape.classes_per_batch} x {shape.samples_per_class} = {shape.batch} images of {shape.image_size} px, "
+        f"{need - PROCESS_GIB:.1f} GiB a step ({peak:g} GiB at {images} images of {size} px measured, scaled) "
+        f"+ {PROCESS_GIB:g} GiB for its process's CUDA context; {advice}"
+    )
+
+
+def cluster_gpus(gpus_per_trial: float, timeout_s: float = 120.0) -> list[Gpu]:
+    """The GPUs of a node of the running Ray cluster that holds a trial's GPU share, as a task there reads them
+    (:func:`local_gpus`); empty when none answers within ``timeout_s``. Call after ``ray.init``."""
+    import ray
+
+    probe = ray.remote(num_cpus=0, num_gpus=gpus_per_trial)(local_gpus)
+    ref = probe.remote()
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        return []

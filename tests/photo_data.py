@@ -1,4 +1,5 @@
-"""python -m tests.photo_data: synthetic photo datasets in the layouts, counts and image sizes of CUB-200-2011, Cars196 and SOP.
+"""python -m tests.photo_data: synthetic photo datasets in the layouts, counts and image sizes of CUB-200-2011, Cars196, SOP
+and In-shop.
 
 Each dataset is written under ``--root`` in the layout ``trainables.core.data`` reads:
 
@@ -8,11 +9,15 @@ Each dataset is written under ``--root`` in the layout ``trainables.core.data`` 
   Stanford's annotation struct (relative_im_path, bbox_x1..y2, class, test).
 - ``sop``: ``Stanford_Online_Products/{Ebay_train.txt,Ebay_test.txt,<super>_final/*.JPG}``, 59,551 training
   images of 11,318 classes and 60,502 test images of 11,316 classes, 2 to 12 images per class, 12 super classes.
+- ``inshop``: ``inshop/{list_eval_partition.txt,img/<MEN|WOMEN>/<category>/id_NNNNNNNN/*.jpg}``, 25,882 training
+  images of 3,997 items and 26,830 test images of 3,985 items, each test item's split about half and half into
+  queries and gallery images (the benchmark: 14,218 and 12,612), 2 to 20 images per item, all 256 x 256 as in the
+  benchmark's img/ folder.
 
 Images are procedural: a class's template (a two-colour gradient and 2 to 4 shapes of class-seeded colours and
 places) drawn at each image's own size with per-image jitter and noise, encoded as JPEG (quality 90). Their
 sizes are drawn from log-normal models of each dataset's sizes (long side and aspect ratio; CUB mostly 500 px
-wide, Cars from about 100 to 2,500 px and wide, SOP around 500 px and near square). The models are
+wide, Cars from about 100 to 2,500 px and wide, SOP around 500 px and near square, In-shop 256 x 256). The models are
 approximations written from the datasets' descriptions, not fitted to the real files (which are not on the
 machine that wrote this).
 
@@ -81,7 +86,10 @@ SIZES = {
     "cub200": SizeModel(500, 0.08, 120, 500, 1.33, 0.15, 2.5, 0.85),
     "cars196": SizeModel(700, 0.5, 100, 2500, 1.5, 0.2, 3.0, 0.97),
     "sop": SizeModel(500, 0.35, 100, 1600, 1.1, 0.15, 2.5, 0.6),
+    "inshop": SizeModel(256, 0.0, 256, 256, 1.0, 0.0, 1.0, 0.5),
 }
+INSHOP_CATEGORIES = ("MEN/Denim", "MEN/Shirts_Polos", "MEN/Tees_Tanks", "WOMEN/Blouses_Shirts", "WOMEN/Dresses", "WOMEN/Skirts")
+INSHOP_VIEWS = ("front", "side", "back", "full", "additional")
 
 
 def class_counts(rng: np.random.Generator, images: int, classes: int, low: int, high: int) -> np.ndarray:
@@ -206,7 +214,29 @@ def make_sop(root: Path, scale: float = 1.0, size_scale: float = 1.0, seed: int 
     return base
 
 
-MAKERS: dict[str, Callable[..., Path]] = {"cub200": make_cub, "cars196": make_cars, "sop": make_sop}
+def make_inshop(root: Path, scale: float = 1.0, size_scale: float = 1.0, seed: int = 0, workers: int = 1) -> Path:
+    base = root / "inshop"
+    rng = np.random.default_rng([seed, 7982])
+    jobs, rows, first_item = [], [], 1
+    for part, images, items in (("train", 25_882, 3_997), ("test", 26_830, 3_985)):
+        labels, sizes = plan(rng, "inshop", items, images, 20, scale, size_scale)
+        shown, totals = np.zeros(int(labels.max()) + 1, dtype=int), np.bincount(labels)  # per item: its images so far, in all
+        for k, c in enumerate(labels):
+            item = first_item + int(c) - 1
+            n = shown[c]
+            shown[c] += 1
+            # a test item's images alternate query, gallery, its last one a gallery image: every item has both
+            status = part if part == "train" else ("query" if n % 2 == 0 and n < totals[c] - 1 else "gallery")
+            rel = f"img/{INSHOP_CATEGORIES[item % len(INSHOP_CATEGORIES)]}/id_{item:08d}/{n + 1:02d}_{n % 5 + 1}_{INSHOP_VIEWS[n % 5]}.jpg"
+            jobs.append((str(base / rel), item, *sizes[k], len(jobs)))
+            rows.append(f"{rel} id_{item:08d} {status}")
+        first_item += int(labels[-1])
+    write_images(jobs, workers)
+    (base / "list_eval_partition.txt").write_text("\n".join([str(len(rows)), "image_name item_id evaluation_status", *rows]) + "\n")
+    return base
+
+
+MAKERS: dict[str, Callable[..., Path]] = {"cub200": make_cub, "cars196": make_cars, "sop": make_sop, "inshop": make_inshop}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Tests of tests/photo_data.py: small versions of the CUB-, Cars196- and SOP-shaped datasets are read by
+"""Tests of tests/photo_data.py: small versions of the CUB-, Cars196-, SOP- and In-shop-shaped datasets are read by
 ``trainables.core.data`` in their standard layouts, with class-disjoint splits and JPEG photos."""
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ def test_small_versions_load_in_the_standard_layouts(tmp_path, name):
     first_test = {"cub200": 101, "cars196": 99}.get(name)
     if first_test:  # the loaders split CUB and Cars by class id
         assert splits.train.classes.max() < first_test <= splits.test.classes.min()
-    for images in (splits.train, splits.test):
+    if name == "inshop":  # the test classes are split into queries and a gallery: every item in both
+        assert np.array_equal(splits.test.classes, splits.gallery.classes)
+        assert set(splits.gallery.paths).isdisjoint(splits.test.paths)
+    for images in (splits.train, splits.test) if name != "inshop" else (splits.train,):
         counts = np.unique(images.labels, return_counts=True)[1]
         assert counts.min() >= 2
         with Image.open(images.paths[0]) as image:
@@ -39,3 +42,4 @@ def test_size_models_keep_the_long_side_in_range():
     sizes = SIZES["cars196"].draw(np.random.default_rng(0), 2000)
     assert sizes.max() <= 2500 and sizes.min() >= 8
     assert (sizes[:, 0] > sizes[:, 1]).mean() > 0.9  # Cars196: wide photos
+    assert (SIZES["inshop"].draw(np.random.default_rng(0), 50) == 256).all()  # In-shop's img/: 256 x 256

@@ -80,8 +80,9 @@ def in_range(space: Space, suggested: dict) -> None:
 
 def test_shipped_spaces_are_the_documented_ones():
     studies = {"default", "heated_softmax", "ice", "paper_ablation", "smoke"}
+    presets = {"cub200", "cars196", "sop", "inshop"}  # the photo benchmarks at the papers' protocol (tests/test_presets.py)
     reproductions = {"repro_alpha", "repro_learnable_alpha", "repro_ice_scale", "repro_ice_batch", "repro_mean_proxy", "repro_reduction"}
-    assert set(SHIPPED) == studies | reproductions
+    assert set(SHIPPED) == studies | presets | reproductions
     # the reproduction spaces are grids of fixed configurations, trained by study.final --space
     assert all(load_space(SHIPPED[name]).is_grid for name in reproductions)
 
@@ -156,7 +157,7 @@ def test_shipped_grid_space_visits_every_point_once(name):
 
 
 def test_non_grid_spaces_have_grid_size_zero():
-    for name in ("default", "heated_softmax", "ice", "smoke"):
+    for name in ("default", "heated_softmax", "ice", "smoke", "cub200", "cars196", "sop", "inshop"):
         space = shipped(name)
         assert not space.is_grid and space.grid_size() == 0
 

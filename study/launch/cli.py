@@ -55,7 +55,8 @@ def add_search_flags(a: Callable[..., argparse.Action]) -> None:
     a(
         "--space",
         help="search space: a YAML file, or the name of a shipped one in search_spaces/ "
-        "(default, heated_softmax, ice, paper_ablation, smoke, and the repro_* grids of docs/findings.md); "
+        "(default, heated_softmax, ice, paper_ablation, smoke; the photo benchmarks at the papers' protocol: cub200, cars196, "
+        "sop, inshop; and the repro_* grids of docs/findings.md); "
         "default: default (with --resume: the study's own)",
     )
     a("--dataset", help="override the space's dataset (omniglot, cub200, cars196, sop, inshop, folder, synthetic)")

@@ -35,6 +35,7 @@ from trainables.core.data import (
     alphabets,
     check_retrieval_set,
     dataset_label,
+    image_size_for,
     load_dataset,
     validation_folds,
     validation_split,
@@ -131,6 +132,8 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
         args = resumed_args(args, parent.resumed_record(uri, args.experiment, args.study_name))
     optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
     space = prepare_space(args)
+    if args.rehearse is None and args.address is None:  # the local Ray's GPUs are this machine's (a cluster's: tuner)
+        check_gpu_packing(space, args.gpus_per_trial or 0.0, checks.local_gpus())
     max_epochs = base_config(space).epochs
     scheduler, grace_period, reduction_factor = early_stopping_flags(args, max_epochs)
     data_root = tracking.absolute_data_root(args.data_root)
@@ -206,10 +209,15 @@ def base_config(space: Space) -> TrainConfig:
 
 def max_classes_per_batch(space: Space) -> int:
     """The largest classes_per_batch any trial of ``space`` can get."""
-    default = int(space.fixed.get("classes_per_batch", TrainConfig().classes_per_batch))
-    values = [int(v.get("classes_per_batch", default)) for v in space.variants.values()]
-    values += [int(v) for v in space.grid.get("classes_per_batch", [])]
-    searched = [p for p in space.params if p.name == "classes_per_batch"]
+    return largest(space, "classes_per_batch")
+
+
+def largest(space: Space, key: str) -> int:
+    """The largest value of integer config key ``key`` any trial of ``space`` can get."""
+    default = int(space.fixed.get(key, getattr(TrainConfig(), key)))
+    values = [int(v.get(key, default)) for v in space.variants.values()]
+    values += [int(v) for v in space.grid.get(key, [])]
+    searched = [p for p in space.params if p.name == key]
     for p in searched:
         if p.choices:
             values.append(max(int(c) for c in p.choices))
@@ -223,6 +231,22 @@ def max_classes_per_batch(space: Space) -> int:
     if not values:
         values.append(default)
     return max(values)
+
+
+def check_gpu_packing(space: Space, gpus_per_trial: float, gpus: list[checks.Gpu]) -> None:
+    """The trials --gpus-per-trial packs on a GPU fit the smallest of ``gpus`` (checks.packing_problem: the space's
+    backbone, precision and crop, its largest C and k); else a UsageError with the numbers. Nothing to check without
+    a GPU, or for a space whose backbone, precision or crop are searched."""
+    searched = {p.name for p in space.params} | set(space.grid) | {k for v in space.variants.values() for k in v}
+    if not gpus or not gpus_per_trial or searched & {"backbone", "precision", "image_size"}:
+        return
+    config = base_config(space)
+    size = image_size_for(config.dataset, config.image_size)
+    c, k = largest(space, "classes_per_batch"), largest(space, "samples_per_class")
+    shape = checks.TrialShape(config.backbone, config.precision, c, k, size)
+    problem = checks.packing_problem(space.path, shape, gpus_per_trial, min(gpus, key=lambda gpu: gpu.gib))
+    if problem:
+        raise UsageError(problem)
 
 
 def race_split(race_folds: str) -> str | None:

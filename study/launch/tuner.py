@@ -13,7 +13,7 @@ import optuna
 from study import checks
 from study.inputs import UsageError
 from study.launch import tunestate
-from study.launch.settings import StudySettings, race_split
+from study.launch.settings import StudySettings, check_gpu_packing, race_split
 from study.records import parent, tracking
 from study.records.trials import TrialRecorder
 from study.search.journal import journal_file, open_storage
@@ -38,7 +38,10 @@ def open_optuna(settings: StudySettings, storage: optuna.storages.BaseStorage) -
 
 def open_study(settings: StudySettings, client, experiment_id: str, parent_id: str | None) -> tuple[optuna.Study, str]:
     """The Optuna study and the MLflow parent run, created together (with --resume: found); returns the parent's run id."""
-    checks.check_cluster_resources(settings.record.cpus_per_trial, settings.record.gpus_per_trial)  # else trials would wait forever
+    r = settings.record
+    checks.check_cluster_resources(r.cpus_per_trial, r.gpus_per_trial)  # else trials would wait forever
+    if settings.address is not None and r.gpus_per_trial and r.rehearse is None:  # a local Ray's GPUs: checked at launch
+        check_gpu_packing(settings.space, r.gpus_per_trial, checks.cluster_gpus(r.gpus_per_trial))
     journal = journal_file(settings.record.optuna_storage)
     if journal is not None:  # its folder, checked at launch, may have been removed since (a long-queued --resume)
         Path(journal).parent.mkdir(parents=True, exist_ok=True)
