@@ -1,4 +1,4 @@
-"""bench.gpu_check: the preset's study it runs is the preset but for the check's changes, its table is read as
+"""tools.gpu_check: the preset's study it runs is the preset but for the check's changes, its table is read as
 documented (docs/performance.md, "The GPU check"), and with ``--cpu`` it runs end to end on any machine (slow: a
 study through Ray per packing; it belongs in the fault tier)."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from bench import gpu_check
 from study.search.spaces import SHIPPED, parse_space
+from tools import gpu_check
 
 
 @pytest.mark.parametrize("preset, fit, expected", [("cub200", 7, (4, 6, 2)), ("sop", 1019, (50, 90, 10)), ("sop", 16, (8, 16, None))])
@@ -32,7 +32,7 @@ def test_the_checks_space_is_the_preset_with_its_changes(preset, fit, expected):
 
 def test_the_table_has_a_row_per_packing_and_dashes_for_what_was_not_measured():
     report = {
-        "title": "bench.gpu_check of cub200 on NVIDIA A10G",
+        "title": "tools.gpu_check of cub200 on NVIDIA A10G",
         "studies": [
             {"packed": 1, "cpus_per_trial": 4, "trials": 8, "epochs": 20, "wall": 300, "per_trial": 1234.5, "all_trials": 1234.5,
              "util_mean": 61.2, "mem_max_mib": 6200.0},

@@ -18,8 +18,8 @@ Output, one row per K (printed, and with ``--out`` / ``--markdown`` as JSON and 
 Question: how fast does a preset train on this GPU, one trial at a time and packed, and how much of the GPU does it
 use? Bound: every study exits 0 and every trial reports a training time.
 
-  python -m bench.gpu_check --preset cub200 --root /tmp/gc_data --work /tmp/gc --out gpu_check.json --markdown gpu_check.md
-  python -m bench.gpu_check --preset sop --root /tmp/gc --work /tmp/gcw --cpu --scale 0.0016 --pack 1 2 --trials 2 --epochs 1
+  python -m tools.gpu_check --preset cub200 --root /tmp/gc_data --work /tmp/gc --out gpu_check.json --markdown gpu_check.md
+  python -m tools.gpu_check --preset sop --root /tmp/gc --work /tmp/gcw --cpu --scale 0.0016 --pack 1 2 --trials 2 --epochs 1
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -56,7 +57,7 @@ def check_space(args: argparse.Namespace, fit_classes: int) -> dict:
     else:  # fewer fit classes than the preset's smallest C
         c = {"type": "int", "low": max(2, high // 2), "high": high}
     data["params"]["classes_per_batch"] = c
-    data["description"] = f"bench.gpu_check: {args.preset} on a generated set"
+    data["description"] = f"tools.gpu_check: {args.preset} on a generated set"
     return data
 
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("bench.gpu_check: no CUDA device; --cpu runs the check without the GPU parts")
+            raise SystemExit("tools.gpu_check: no CUDA device; --cpu runs the check without the GPU parts")
         gpu_name = torch.cuda.get_device_name()
     started = time.perf_counter()
     if not (Path(args.root) / ".gpu_check_done").is_file():
@@ -151,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     device = "the CPU (--cpu: small_cnn at 32 px)" if args.cpu else gpu_name
     fixed = space["fixed"]
     title = (
-        f"bench.gpu_check of {args.preset} on {device}, {harness.machine_line()}: {fixed['backbone']} {fixed['precision']} at "
+        f"tools.gpu_check of {args.preset} on {device}, {harness.machine_line()}: {fixed['backbone']} {fixed['precision']} at "
         f"{fixed['image_size']} px, {fit['images']:,} fit images of {fit['classes']} classes, {args.trials} trials of {args.epochs} epochs"
     )
-    report = {"title": title, "command": harness.command("gpu_check", argv or sys.argv[1:]), "machine": harness.machine(),
+    command = f"python -m tools.gpu_check {shlex.join(argv or sys.argv[1:])}".rstrip()
+    report = {"title": title, "command": command, "machine": harness.machine(),
               "args": vars(args), "fit": fit, "space": space, "studies": [], "data_s": time.perf_counter() - started}  # fmt: skip
     for packed in args.pack:
         report["studies"].append(study_row(args, packed, space, fit["images"]))
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cub200", choices=["cub200", "cars196", "sop", "inshop"])
     parser.add_argument("--root", required=True, help="where the photo set is generated (once) and its decoded cache kept")
     parser.add_argument("--work", required=True, help="folder of the studies' runs/ (one sub-folder per K)")
