@@ -19,14 +19,117 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# Each test file's tier. "default": README's `python -m pytest` runs it. "faults": `python -m pytest --all` (CI) runs
+# it too: every test that kills, partitions or fills a disk, or starts a cluster of hosts, a server, a driver or a
+# study (a local Ray with its trials) of its own, except the default tier's one end-to-end smoke study
+# (tests/test_launch.py's budget_study). "mixed": the file's fault tests carry @pytest.mark.faults, the rest are in the
+# default tier. tests/test_tiers.py checks that every test file is named here once and that each names one.
+TIERS = {
+    "default": (
+        "test_artifacts.py", "test_boundaries.py", "test_budgets.py", "test_cadence.py", "test_checkpoint.py",
+        "test_cluster_yaml.py", "test_config.py", "test_cpu_by_process.py", "test_cpu_per_test.py", "test_data.py",
+        "test_dml.py", "test_docs.py", "test_engine.py", "test_final_seed.py", "test_final_space.py",
+        "test_gpu_path_bench.py", "test_gpu_study_bench.py", "test_heap.py", "test_inputs.py", "test_layout.py",
+        "test_local_ray.py", "test_losses.py", "test_metrics.py", "test_models.py", "test_names.py", "test_naming.py",
+        "test_one_shot.py", "test_optimizers.py", "test_pca.py", "test_photo_data.py", "test_precision.py",
+        "test_progress.py", "test_ranges.py", "test_report_html.py", "test_report_scale.py", "test_resume_settings.py",
+        "test_sampler.py", "test_sampler_choice.py", "test_schedule.py", "test_search.py", "test_selection.py",
+        "test_spaces.py", "test_suite_order.py", "test_tiers.py", "test_tunestate.py", "test_utilization.py",
+        "test_verdicts_bench.py",
+    ),
+    "faults": (
+        "test_browser.py", "test_cluster_hosts.py", "test_data_root.py", "test_disk_full.py", "test_rehearsal.py",
+        "test_resume.py",
+    ),
+    "mixed": (
+        "test_cache.py", "test_credentials.py", "test_final.py", "test_interrupts.py", "test_journal.py", "test_launch.py",
+        "test_locks.py", "test_records.py", "test_relocate.py", "test_reliability.py", "test_report.py", "test_serving.py",
+        "test_surrogate.py", "test_winner.py",
+    ),
+}  # fmt: skip
+FAULT_FILES = frozenset(TIERS["faults"])
+TIER_DESELECTED = pytest.StashKey[int]()  # how many fault tests a run left out
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--all", action="store_true", dest="all_tiers", help="run both tiers, the default one and the fault tests, as CI does")
+
+
+def tier(item) -> str:
+    """The tier of a test: "faults" or "default"."""
+    return "faults" if item.path.name in FAULT_FILES or item.get_closest_marker("faults") else "default"
+
+
+def pytest_itemcollected(item) -> None:
+    """The fault tier's tests of a "faults" file get the marker too (before ``-m`` reads it)."""
+    if tier(item) == "faults":
+        item.add_marker(pytest.mark.faults)
+        item.user_properties.append(("tier", "faults"))  # for tools.suite_time --file-seconds, from the junit report
+
+
+def named_files(config) -> set[Path]:
+    """The test files the command line names, alone or with a test (``tests/test_x.py``, ``tests/test_x.py::test_y``);
+    a folder (testpaths' ``tests``) names none."""
+    found = set()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0])
+        if path.is_file():
+            found.add(path.resolve())
+    return found
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k: a run of fault tests alone is told apart from one of no tests
 def pytest_collection_modifyitems(config, items) -> None:
-    """The longest test files first (tests/file_seconds.json: each file's seconds in a measured run; a file it does not
-    name counts 0): pytest-xdist gives each worker the next file when it is done with one (--dist loadfile), so the
-    short files fill in at the end instead of a long one starting last while the other worker waits. A stable sort:
-    a file's tests stay together and in their order. `python -m tools.suite_time --file-seconds` rewrites the file."""
-    path = ROOT / "tests" / "file_seconds.json"
-    seconds = json.loads(path.read_text()) if path.is_file() else {}
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0))
+    """The fault tier is deselected unless --all is given, ``-m`` names it (``-m faults``: that tier alone) or the test
+    file is named on the command line (``pytest tests/test_resume.py`` runs it); then the longest files first."""
+    if not config.getoption("all_tiers") and "faults" not in (config.getoption("markexpr") or ""):
+        named = named_files(config)
+        deselected = [item for item in items if tier(item) == "faults" and item.path.resolve() not in named]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            left = set(map(id, deselected))
+            items[:] = [item for item in items if id(item) not in left]
+            config.stash[TIER_DESELECTED] = len(deselected)
+            if hasattr(config, "workeroutput"):  # a pytest-xdist worker: its controller reports the count
+                config.workeroutput["tier_deselected"] = len(deselected)
+    longest_files_first(items)
+
+
+def longest_files_first(items, seconds: dict[str, dict[str, float]] | None = None) -> None:
+    """The longest test files first (tests/file_seconds.json: each file's seconds in a measured run of both tiers, by
+    tier; a file it does not name counts 0): pytest-xdist gives each worker the next file when it is done with one
+    (--dist loadfile), so the short files fill in at the end instead of a long one starting last while the other
+    worker waits. A file counts the seconds of the tiers of its tests that run. A stable sort: a file's tests stay
+    together and in their order. `python -m tools.suite_time --file-seconds` rewrites the file."""
+    if seconds is None:
+        path = ROOT / "tests" / "file_seconds.json"
+        seconds = json.loads(path.read_text()) if path.is_file() else {}
+    tiers: dict[str, set[str]] = {}
+    for item in items:
+        tiers.setdefault(item.nodeid.split("::")[0], set()).add(tier(item))
+    total = {file: sum(seconds.get(t, {}).get(file, 0) for t in found) for file, found in tiers.items()}
+    items.sort(key=lambda item: -total[item.nodeid.split("::")[0]])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: how many fault tests its workers left out (each collects them all)."""
+    count = getattr(node, "workeroutput", {}).get("tier_deselected")
+    if count:
+        node.config.stash[TIER_DESELECTED] = count
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A run whose selected tests are all in the fault tier, left out, is no error (not pytest's 5, "no tests ran"):
+    the summary says how to run them."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and session.config.stash.get(TIER_DESELECTED, 0):
+        session.exitstatus = pytest.ExitCode.OK
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    count = config.stash.get(TIER_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(f"{count} tests of the fault tier left out: `python -m pytest --all` runs both tiers")
 
 
 def omniglot_root() -> Path | None:

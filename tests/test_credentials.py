@@ -158,6 +158,7 @@ def where_in_store(database: Path, text: str) -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_study_with_passwords_in_its_urls_records_logs_and_prints_none(tmp_path, runs, capsys, monkeypatch):
     """A rehearsal study on a tracking server and a database behind passwords, then its report, sync and final model."""

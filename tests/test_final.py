@@ -111,6 +111,7 @@ def test_a_trial_worker_imports_no_scikit_learn_and_no_torchvision():
     assert loaded_after("import trainables.dml", ("sklearn", "scipy", "torchvision"))[0] == []
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_seeds_trained_side_by_side_are_recorded_as_one_after_another_even_when_a_worker_dies(tmp_path, runs, capsys, monkeypatch):
     """Two seeds as tasks of a local Ray (study.final.placement); the worker of one dies after reporting its first epoch, as it
@@ -466,6 +467,7 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
     assert epochs("--study", "older") == 3
 
 
+@pytest.mark.faults
 def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_path, runs, capsys):
     """A study whose race could not tell #4 from #7 (its tied_configs.yaml, as the study writes it): study.final --study
     trains seed k with the k-th tied candidate, cycling (#4, #7, #4 with seeds 0, 1, 2), each seed run tagged with its
@@ -532,6 +534,7 @@ def test_the_study_records_the_final_budget_of_its_space(tmp_path, runs):
     assert final_epochs("--space", "smoke") == 4  # no factor: the trials' epochs
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize(("signum", "n_seeds"), [(signal.SIGHUP, 1), (signal.SIGTERM, 2)])
 def test_a_stopped_final_leaves_no_run_running(tmp_path, signum, n_seeds):
     """A signal to study.final mid-seed: exit 128 + signum, one line naming the signal, its runs KILLED. One seed
@@ -743,6 +746,7 @@ def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(ca
     assert "study.report" not in capsys.readouterr().out
 
 
+@pytest.mark.faults
 def test_runs_a_killed_final_left_running_end_killed_at_the_next_final(tmp_path):
     """A study.final SIGKILLed mid-seed runs no handler: its parent and seed runs stay RUNNING. The next study.final on
     this host (with the same runs folder) finds their owner lock unheld, marks them KILLED with the killed one's holder

@@ -145,6 +145,7 @@ def test_a_library_that_raises_its_own_keyboard_interrupt_for_the_signal_still_n
     assert (signal_name(KeyboardInterrupt()), exit_code(KeyboardInterrupt())) == ("SIGINT", 130)  # a Ctrl-C, no handlers
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "whole_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, whole_group):

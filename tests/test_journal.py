@@ -85,6 +85,7 @@ sys.stdin.read()  # holds the lock until killed (the test never closes stdin)
 """
 
 
+@pytest.mark.faults
 def test_a_writer_killed_while_it_holds_the_journals_lock_does_not_keep_the_next_one_waiting(tmp_path, monkeypatch, caplog):
     """A driver SIGKILLed mid-append left Optuna's lock link behind, and its --resume waited out Optuna's 30 s grace
     period (3 of 11 kills of bench.resume_scale --repeat, docs/performance.md). Here Optuna's grace period is made endless: the next

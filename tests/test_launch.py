@@ -99,6 +99,7 @@ def two_node_study(tmp_path_factory):
         restore()
 
 
+@pytest.mark.faults
 def test_study_completes_on_both_nodes(two_node_study):
     assert two_node_study["code"] == 0
     _, _, children, _ = study_records(two_node_study["runs"], "two-nodes")
@@ -107,6 +108,7 @@ def test_study_completes_on_both_nodes(two_node_study):
     assert used == two_node_study["node_ids"]  # trials ran on both nodes, and only on them
 
 
+@pytest.mark.faults
 def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
     client, parent, children, study = study_records(two_node_study["runs"], "two-nodes")
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
@@ -143,6 +145,7 @@ def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
     assert best and all(best_run.data.params[k] == str(v) for k, v in best.items())  # the keys that apply, as the run had them
 
 
+@pytest.mark.faults
 def test_asha_stopped_trials_are_pruned_in_optuna(two_node_study):
     _, _, children, study = study_records(two_node_study["runs"], "two-nodes")
     by_trial = {r.data.tags["trial_id"]: r for r in children}
@@ -160,6 +163,7 @@ def test_asha_stopped_trials_are_pruned_in_optuna(two_node_study):
     assert "PRUNED" in states and "COMPLETE" in states
 
 
+@pytest.mark.faults
 def test_report_of_the_study(two_node_study, tmp_path, capsys):
     """python -m study.report on this study: the rung-correlation table and the top trials, checked against MLflow and Optuna."""
     from study.report import cli as report

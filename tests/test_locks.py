@@ -32,6 +32,7 @@ def test_a_second_holder_of_a_study_lock_fails_naming_the_first(tmp_path):
         pass
 
 
+@pytest.mark.faults
 def test_the_lock_of_a_killed_driver_is_free(tmp_path):
     hold = f"from pathlib import Path; from study.records import locks\nwith locks.study_lock(Path({str(tmp_path)!r}), 's'):\n    input()"
     holder = subprocess.Popen([sys.executable, "-c", hold], cwd=ROOT, stdin=subprocess.PIPE, text=True)
@@ -86,6 +87,7 @@ def started_together(argv: list[str], env: dict | None = None, n: int = 3) -> li
     return [(d.returncode, out, err) for d, (out, err) in zip(drivers, outcomes)]
 
 
+@pytest.mark.faults
 def test_fresh_drivers_set_up_a_new_store_one_at_a_time(tmp_path):
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     outcomes = started_together([sys.executable, "-c", SETUP, uri])  # all start the migration at once
@@ -104,6 +106,7 @@ FINAL = textwrap.dedent(
 )
 
 
+@pytest.mark.faults
 def test_finals_started_together_on_a_new_store_all_record_their_runs(tmp_path):
     """Three ``study.final`` drivers reach a new sqlite store at once: one creates it while the others wait, as
     study.launch's drivers do (MLflow's migrations of one database race otherwise, and a driver that loses dies with
@@ -119,6 +122,7 @@ def test_finals_started_together_on_a_new_store_all_record_their_runs(tmp_path):
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
 
 
+@pytest.mark.faults
 def test_a_process_lock_is_abandoned_only_once_its_process_is_gone(tmp_path):
     """locks.process_lock / abandoned: held (here, or by a live process) is not abandoned; the file of a SIGKILLed holder
     is, and names it; a body that ends removes its file; a path with no file tells nothing."""

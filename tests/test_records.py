@@ -277,6 +277,7 @@ threading.Event().wait()
 """
 
 
+@pytest.mark.faults
 def test_a_driver_killed_while_its_writer_waits_on_mlflow_leaves_every_record_in_the_spool(tmp_path, mlflow_fake):
     spool = tmp_path / "s.jsonl"
     driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(spool)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -270,6 +270,7 @@ def outage_seen(spool: Path, records: int) -> bool:
         return False
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys):
     port = free_port()
@@ -345,6 +346,7 @@ def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys
         assert not (runs / "spool" / "outage.jsonl").exists()
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_diverging_trial_fails_everywhere_and_others_go_on(tmp_path, runs, capsys):
     space = {
@@ -390,6 +392,7 @@ def trial_epochs(uri: str, study: str) -> dict[str, int]:
         return {}
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_worker_node_dies_mid_trial(tmp_path, runs):
     """A node is removed mid-trial: its trial continues from its last checkpoint on the other node."""
@@ -559,6 +562,7 @@ def test_no_credentials_in_the_repository():
     assert credential_hits(files) == []
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_trial_that_raises_is_retried_from_its_checkpoint(tmp_path, runs, monkeypatch):
     """Every trial raises once while finishing epoch 2 (a simulated out-of-memory error). With a retry it continues
@@ -623,6 +627,7 @@ def test_the_reasons_of_a_study_without_a_complete_trial_are_counted_and_its_par
     assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == "no trial completed (3 failed, 1 stopped early)"
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_study_where_every_trial_fails_exits_1_and_says_why(tmp_path, runs, capsys, monkeypatch):
     """Issue 33, finding 5: a study where every trial failed exited 0, its parent FINISHED, the terminal saying only

@@ -39,6 +39,7 @@ def command(argv: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.faults
 def test_a_copy_of_a_finished_study_with_its_original_deleted_reports_retrains_and_resumes_in_the_copy(runs, monkeypatch, capsys):
     argv = ["--rehearse", "0", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "3", "--study-name", "moved"]
     assert launch.main([*argv, "--confirm-budget", "0"]) == 0
@@ -132,6 +133,7 @@ sys.stdin.read()  # the transaction stays open until killed (the test never clos
 """
 
 
+@pytest.mark.faults
 def test_a_store_whose_writer_was_killed_mid_transaction_is_checked_and_read_as_it_was(tmp_path):
     """A driver SIGKILLed while MLflow wrote (bench.resume_scale, 3 of 8 kills beside a busy loop per core)
     leaves sqlite's hot journal beside the store. The store check's read-only look for a move cannot roll

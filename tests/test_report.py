@@ -286,6 +286,7 @@ TINY_SPACE = {
 }
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_final_space_then_report(tmp_path, runs, capsys):
     path = tmp_path / "tiny_grid.yaml"

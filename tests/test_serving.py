@@ -285,6 +285,7 @@ def check_logged_model(uri: str, registered: str) -> str:
     return info.model_id
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_mlflow_models_serve_embeds_pngs_as_the_model_does_in_process(tmp_path, runs, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -362,6 +362,7 @@ def test_a_tune_run_reports_every_epoch_of_the_ladder(local_ray, tmp_path):
         assert saved == {"budget": 3, "epoch": 3, "epochs_trained": 4, "completed_budget": 3, "prefix_epoch": 2}
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_trial_that_fails_resumes_from_its_checkpoint(local_ray, tmp_path):
     local_ray.start({surrogate.FAULT_ENV: "2"})  # each trial raises once after its 2nd epoch, before reporting it
@@ -377,6 +378,7 @@ def test_a_trial_that_fails_resumes_from_its_checkpoint(local_ray, tmp_path):
     assert LadderPlace.from_dict(saved) == LadderPlace(budget=3, epoch=3, epochs_trained=4, completed_budget=3, prefix_epoch=2)
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_a_trial_without_a_checkpoint_yet_retries_from_its_start_and_reports_each_epoch_again(local_ray, tmp_path):
     local_ray.start({surrogate.FAULT_ENV: "2"})  # raises once after its 2nd epoch; no epoch was checkpointed

@@ -65,6 +65,7 @@ def last(client, run) -> float:
     return max(client.get_metric_history(run.info.run_id, METRIC), key=lambda m: m.step).value
 
 
+@pytest.mark.faults
 def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(rehearsed):
     runs, _ = rehearsed
     client, parent, children, study = study_records(runs, STUDY)
@@ -96,6 +97,7 @@ def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(re
     assert f"`python -m study.report --study {STUDY}`" in files
 
 
+@pytest.mark.faults
 def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
     """README's command, ``optuna-dashboard runs/optuna/journal.log``, with the tool the README's install puts in the
     environment (the dev extra): its study page's user attributes name the picked trial and its mean over validation folds."""
@@ -129,6 +131,7 @@ def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
     assert float(shown["picked_confirmation_mean"]) == pytest.approx(study.user_attrs["picked_confirmation_mean"])
 
 
+@pytest.mark.faults
 def test_every_training_run_names_the_params_it_trained_with(rehearsed):
     runs, _ = rehearsed
     client, parent, children, _ = study_records(runs, STUDY)
@@ -140,6 +143,7 @@ def test_every_training_run_names_the_params_it_trained_with(rehearsed):
         assert active == set(params) - unused, run.info.run_name
 
 
+@pytest.mark.faults
 def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_blank(rehearsed, reported):
     runs, _ = rehearsed
     client, _, children, _ = study_records(runs, STUDY)
@@ -162,6 +166,7 @@ def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_bl
             assert (cell == "") == (name not in active), (row[0], name, cell)
 
 
+@pytest.mark.faults
 def test_trials_csv_gives_the_schedule_each_trial_finished(rehearsed, tmp_path):
     """Budgets 1 and 4: a complete trial finished the 4-epoch schedule, a pruned one the 1-epoch one; a param a trial
     did not sample is blank (ICE: no alpha; softmax: no ice_scale)."""
@@ -175,6 +180,7 @@ def test_trials_csv_gives_the_schedule_each_trial_finished(rehearsed, tmp_path):
         assert (row["params_ice_scale"] == "") == (row["params_loss"] == "softmax")
 
 
+@pytest.mark.faults
 def test_the_closing_lines_name_the_report_command_beside_the_final_one(rehearsed):
     _, out = rehearsed
     flags = f"--study {STUDY} --experiment dml-studies"
@@ -194,6 +200,7 @@ def test_a_study_with_nothing_to_retrain_still_names_its_report(runs, capsys):
     assert f"{console.python_command('study.report')} --study s --experiment e --tracking-uri http://10.0.0.1:5000\n" in out
 
 
+@pytest.mark.faults
 def test_the_study_holds_each_plot_once_and_the_report_draws_the_same(rehearsed, reported, tmp_path):
     """Issue 32: learning_curves.png, param_importances.png and parallel_coordinate.png at the parent run's root, and
     other drawings of them under report/. The study ends with the report's drawings; study.report logs no second copy,

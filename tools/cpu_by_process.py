@@ -1,11 +1,14 @@
 """CPU-seconds of a command by kind of process: Ray's daemons, trial workers, drivers, pytest's workers, servers.
 
-Runs the command and samples every process on the machine, the command's or not, for its CPU time (user + system,
-from /proc) twice a second until the command ends. A process is counted from its first sample (what it had used
-before the command started is subtracted) to its last, so one that lives under half a second, or the last half
-second of one, is missed: the machine's busy CPU-seconds over the same time (/proc/stat) say how much of the
-machine the samples covered. A Ray trial worker starts as Ray's ``setup_worker.py``, which ``exec``s the worker in
-the same process, so its imports of Ray and of the trainable count under "ray workers". Linux only.
+Runs the command in a cgroup of its own (as root, where cgroup v2 is mounted) and samples the processes in it, the
+command's and all they start, for their CPU time (user + system, from /proc) twice a second until the command ends;
+the cgroup's own count is the command's whole CPU time, which the samples are checked against. Without such a
+cgroup it samples every process on the machine, the command's or not, and the machine's busy CPU-seconds over the
+same time (/proc/stat) are the check; on a shared machine the others' processes are then counted too. A process is
+counted from its first sample (what it had used before the command started is subtracted) to its last, so one that
+lives under half a second, or the last half second of one, is missed. A Ray trial worker starts as Ray's
+``setup_worker.py``, which ``exec``s the worker in the same process, so its imports of Ray and of the trainable
+count under "ray workers". Linux only.
 
   python -m tools.cpu_by_process --out cpu.json -- python -m pytest -q          # the test suite
   python -m tools.cpu_by_process -- python -m study.launch --space smoke         # one study
@@ -45,7 +48,7 @@ KINDS = (
     ("/bin/ray ", "ray cli"),
     ("pytest", "pytest"),
     ("execnet", "pytest"),
-    (r"python[0-9.]* -c ", "python -c (pytest-xdist workers, test helpers)"),
+    (r"python[0-9.]* (-u )?-c ", "python -c (pytest-xdist workers, test helpers)"),
 )
 
 
@@ -82,14 +85,60 @@ def command_line(pid: int) -> str:
         return ""
 
 
-def sample(argv: list[str], every_s: float = 0.5) -> dict:
+class Group:
+    """A cgroup (v2) of its own for the command, inside this process's: its members, and the CPU time of all that
+    ever ran in it (cpu.stat). ``make()`` returns None where there is none to make (not root, no cgroup v2)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def make(cls) -> Group | None:
+        for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):  # v2 alone, or beside v1
+            if not (mount / "cgroup.controllers").is_file():
+                continue
+            own = next((line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")), None)
+            path = mount / (own or "/").lstrip("/") / f"cpu_by_process_{os.getpid()}"
+            try:
+                path.mkdir()
+            except OSError:
+                continue
+            return cls(path)
+        return None
+
+    def join(self) -> None:
+        """Move the calling process in (a child's ``preexec_fn``: what it starts is in the group too)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def members(self) -> set[int]:
+        found = set()
+        for procs in self.path.rglob("cgroup.procs"):  # with the groups made inside it (tools/cpu_per_test.py)
+            try:
+                found.update(int(pid) for pid in procs.read_text().split())
+            except OSError:  # a group removed meanwhile
+                continue
+        return found
+
+    def cpu_seconds(self) -> float:
+        return int((self.path / "cpu.stat").read_text().split("usage_usec")[1].split()[0]) * 1e-6
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:  # a process the command left running is still in it
+            pass
+
+
+def sample(argv: list[str], every_s: float = 0.5, group: Group | None = None) -> dict:
+    """Samples the command's processes when ``group`` is given (Group.make()), else every process on the machine."""
     before = processes()
     busy0, started = busy_seconds(), time.time()
-    child = subprocess.Popen(argv)
+    child = subprocess.Popen(argv, preexec_fn=group.join if group else None)
     seen: dict[tuple[int, int], list] = {}  # -> [command line, CPU-seconds]
     while child.poll() is None:
+        members = group.members() if group else None
         for key, seconds in processes().items():
-            if key[0] == os.getpid():
+            if key[0] == os.getpid() or (members is not None and key[0] not in members):
                 continue
             if key not in seen:
                 seen[key] = [command_line(key[0]), 0.0]
@@ -105,7 +154,9 @@ def sample(argv: list[str], every_s: float = 0.5) -> dict:
         "command": argv,
         "returncode": child.returncode,
         "wall_s": round(time.time() - started, 1),
-        "busy_cpu_s": round(busy_seconds() - busy0, 1),
+        # what the samples are checked against: the command's whole CPU time (its cgroup), else the machine's
+        "scope": "the command's processes (a cgroup)" if group else "every process on the machine",
+        "busy_cpu_s": round(group.cpu_seconds() if group else busy_seconds() - busy0, 1),
         "sampled_cpu_s": round(sum(by_kind.values()), 1),
         "kinds": {name: {"cpu_s": round(s, 1), "processes": count[name]} for name, s in by_kind.most_common()},
         # every process that used at least 0.05 CPU-s, the costliest first: [CPU-s, command line (its first 300 characters)]
@@ -118,7 +169,8 @@ def markdown(result: dict) -> str:
     total = result["sampled_cpu_s"] or 1.0
     for name, row in result["kinds"].items():
         lines.append(f"| {name} | {row['cpu_s']:,.1f} | {row['cpu_s'] / total:.0%} | {row['processes']} |")
-    covered = f"sampled {result['sampled_cpu_s']:,.1f} of the machine's {result['busy_cpu_s']:,.1f} busy CPU-s"
+    whose = "the command's" if result.get("scope", "").startswith("the command") else "the machine's busy"
+    covered = f"sampled {result['sampled_cpu_s']:,.1f} of {whose} {result['busy_cpu_s']:,.1f} CPU-s"
     lines.append(f"\n{covered} in {result['wall_s']:,.1f} s")
     return "\n".join(lines)
 
@@ -131,7 +183,12 @@ def main() -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         parser.error("expected a command after --")
-    result = sample(argv)
+    group = Group.make()
+    try:
+        result = sample(argv, group=group)
+    finally:
+        if group:
+            group.remove()
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(result))

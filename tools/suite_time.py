@@ -4,11 +4,12 @@ Runs ``python -m pytest`` once per variant per round, the variants interleaved, 
 outcome line. Results go to docs/bench/suite_time.{jsonl,md}; the load averages before and after each
 run say what else ran on the machine.
 
-  python -m tools.suite_time                    # two full suites: about 15 min on 2 idle cores
-  python -m tools.suite_time --rounds 2
-  python -m tools.suite_time --file-seconds run.xml   # tests/file_seconds.json from `pytest --junitxml run.xml`
+  python -m tools.suite_time                    # the default tier, in one process and three files at a time
+  python -m tools.suite_time --all --rounds 2   # both tiers
+  python -m tools.suite_time --file-seconds run.xml   # tests/file_seconds.json from `pytest --all --junitxml run.xml`
 
-tests/file_seconds.json is each test file's seconds in one run: tests/conftest.py starts the longest files first.
+tests/file_seconds.json is each test file's seconds in one run of both tiers, by tier: tests/conftest.py starts the
+longest files first.
 """
 
 from __future__ import annotations
@@ -59,28 +60,33 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def file_seconds(junit: Path) -> dict[str, int]:
-    """Each test file's seconds (setup, call and teardown of its tests) in a ``pytest --junitxml`` report, longest first."""
-    seconds: Counter[str] = Counter()
+def file_seconds(junit: Path) -> dict[str, dict[str, int]]:
+    """Each test file's seconds (setup, call and teardown of its tests) in a ``pytest --junitxml`` report, by tier
+    (a test's "tier" property, which tests/conftest.py sets for the fault tier; "default" without one), longest first."""
+    seconds: dict[str, Counter[str]] = {"default": Counter(), "faults": Counter()}
     for case in ElementTree.parse(junit).iter("testcase"):
         module = case.get("classname", "").split(".")  # tests.test_x[.Class]
-        seconds[f"{module[0]}/{module[1]}.py"] += float(case.get("time", 0))
-    return {name: round(s) for name, s in seconds.most_common() if s >= 1}
+        if len(module) < 2:  # a module skipped whole (its name in "name"): none of its tests ran
+            continue
+        tier = next((p.get("value") for p in case.iter("property") if p.get("name") == "tier"), "default")
+        seconds[tier][f"{module[0]}/{module[1]}.py"] += float(case.get("time", 0))
+    return {tier: {name: round(s) for name, s in found.most_common() if s >= 1} for tier, found in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.suite_time", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both variants (default 1)")
+    parser.add_argument("--all", action="store_true", help="time both tiers (pytest --all); without it, the default tier")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="folder for suite_time.{jsonl,md}")
     parser.add_argument("--file-seconds", metavar="JUNIT", help="write tests/file_seconds.json from this report, and run nothing")
     args = parser.parse_args(argv)
     if args.file_seconds:
-        (ROOT / "tests" / "file_seconds.json").write_text(json.dumps(file_seconds(Path(args.file_seconds)), indent=0) + "\n")
+        (ROOT / "tests" / "file_seconds.json").write_text(json.dumps(file_seconds(Path(args.file_seconds)), indent=1) + "\n")
         return 0
     rows = []
     for round_ in range(1, args.rounds + 1):
         for variant, flags in VARIANTS.items():
-            rows.append({"round": round_, "variant": variant, **run_suite(flags)})
+            rows.append({"round": round_, "variant": variant, **run_suite([*flags, *(["--all"] if args.all else [])])})
             print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
