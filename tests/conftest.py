@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # default tier. tests/test_tiers.py checks that every test file is named here once and that each names one.
 TIERS = {
     "default": (
-        "test_artifacts.py", "test_boundaries.py", "test_budgets.py", "test_cadence.py", "test_checkpoint.py",
+        "test_artifacts.py", "test_boundaries.py", "test_budgets.py", "test_cache_checksums.py", "test_cadence.py",
+        "test_checkpoint.py", "test_help.py", "test_input_ranges.py", "test_packing.py", "test_report_finals.py",
         "test_cluster_yaml.py", "test_config.py", "test_cpu_by_process.py", "test_cpu_per_test.py", "test_data.py",
         "test_dml.py", "test_docs.py", "test_engine.py", "test_final_seed.py", "test_final_space.py",
         "test_gpu_path_bench.py", "test_gpu_study_bench.py", "test_heap.py", "test_inputs.py", "test_layout.py",
@@ -42,7 +43,8 @@ TIERS = {
         "test_resume.py",
     ),
     "mixed": (
-        "test_cache.py", "test_credentials.py", "test_final.py", "test_interrupts.py", "test_journal.py", "test_launch.py",
+        "test_cache.py", "test_credentials.py", "test_final.py", "test_gpu_check.py", "test_interrupts.py", "test_journal.py",
+        "test_launch.py", "test_presets.py",
         "test_locks.py", "test_records.py", "test_relocate.py", "test_reliability.py", "test_report.py", "test_serving.py",
         "test_surrogate.py", "test_winner.py",
     ),

@@ -45,6 +45,7 @@ def test_the_table_has_a_row_per_packing_and_dashes_for_what_was_not_measured():
     assert lines[5] == "| 2 | 2 | - | - | - | - | - | - | - |"
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_the_check_runs_on_the_cpu_without_the_gpu_parts(tmp_path, capsys):
     out = tmp_path / "check.json"

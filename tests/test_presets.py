@@ -91,6 +91,7 @@ def tiny_space(name: str, data_root: Path, folder: Path) -> Path:
     return path
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_a_preset_runs_a_study_and_its_final_on_its_datasets_layout(name, tmp_path, runs):
