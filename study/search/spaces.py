@@ -54,7 +54,7 @@ from typing import Any
 import optuna
 
 from study.inputs import UsageError, read_yaml
-from trainables.core.config import FINAL_BUDGET_FACTOR, FLOAT32_MAX, RANGES, ConfigError, TrainConfig, range_problem
+from trainables.core.config import CHOICES, FINAL_BUDGET_FACTOR, FLOAT32_MAX, RANGES, ConfigError, TrainConfig, range_problem
 
 TOP_LEVEL = ("description", "fixed", "params", "grid", "variants", "final_budget_factor")
 PARAM_KEYS = {
@@ -184,8 +184,7 @@ def _number(path: str, key: str, value: Any, kind: str) -> Any:
     return int(value) if kind == "int" or abs(value) > FLOAT32_MAX else float(value)
 
 
-def _parse_param(path: str, name: str, spec: Any, defined: dict[str, tuple | None]) -> Param:
-    """``defined``: the parameters defined before this one, each with the values it can take (None: a numeric range)."""
+def _parse_param(path: str, name: str, spec: Any, defined: set[str]) -> Param:
     where = f"params.{name}"
     if name not in TrainConfig.keys():
         raise _fail(path, where, f"unknown parameter; expected a config key ({', '.join(TrainConfig.keys())})")
@@ -205,11 +204,15 @@ def _parse_param(path: str, name: str, spec: Any, defined: dict[str, tuple | Non
         if key not in defined:
             raise _fail(path, f"{where}.when.{key}", "condition on a parameter that is not defined earlier in params or in fixed")
         when[key] = tuple(value) if isinstance(value, list) else (value,)
-        takes = defined[key]
-        never = [v for v in when[key] if takes is not None and v not in takes]
-        if never:  # the parameter would silently never be searched
-            expected = ", ".join(repr(v) for v in takes)
-            raise _fail(path, f"{where}.when.{key}", f"{never[0]!r} is a value {key} never takes; expected values among {expected}")
+        # a value the key cannot take (a typo) would silently mean the parameter is never searched; one the key allows
+        # but this space does not search (a space narrowed from another) is a condition that stays false, as written
+        allowed = CHOICES.get(key)
+        for value in when[key]:
+            if allowed is not None and value not in allowed:
+                expected = ", ".join(repr(v) for v in allowed)
+                raise _fail(path, f"{where}.when.{key}", f"{value!r} is no value of {key}; expected one of {expected}")
+        if key in RANGES:
+            _in_range(path, f"{where}.when.{key}", key, when[key])
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -271,13 +274,12 @@ def parse_space(data: Any, path: str) -> Space:
     if params_raw:
         if not isinstance(params_raw, dict):
             raise _fail(path, "params", "expected a mapping of parameter name to spec")
-        defined: dict[str, tuple | None] = {key: (value,) for key, value in fixed.items()}
+        defined = set(fixed)
         for name, spec in params_raw.items():
             if name in fixed:
                 raise _fail(path, f"params.{name}", "also in fixed; a parameter is either fixed or searched")
-            param = _parse_param(path, name, spec, defined)
-            space.params.append(param)
-            defined[name] = param.choices if param.type == "categorical" else None
+            space.params.append(_parse_param(path, name, spec, defined))
+            defined.add(name)
     if grid_raw:
         if not isinstance(grid_raw, dict):
             raise _fail(path, "grid", "expected a mapping of config key to a list of values")

@@ -39,6 +39,21 @@ MAX_AUGMENT = 4.0  # characters: rotations up to 40 degrees, shifts up to 32 % o
 FLOAT32_MAX = 3.4028234663852886e38  # the loss and the optimizer compute in float32: a larger value becomes inf
 
 
+# the names each categorical key allows, for TrainConfig's check and for the search spaces' conditions
+CHOICES = {
+    "loss": LOSS_CHOICES,
+    "heating": HEATING_CHOICES,
+    "lr_schedule": LR_SCHEDULE_CHOICES,
+    "val_split": VAL_SPLIT_CHOICES,
+    "precision": PRECISION_CHOICES,
+    "normalization": NORMALIZATION_CHOICES,
+    "optimizer": OPTIMIZER_CHOICES,
+    "backbone": BACKBONE_CHOICES,
+    "embedding_reduction": REDUCTION_CHOICES,
+    "dataset": DATASET_CHOICES,
+}
+
+
 class ConfigError(ValueError):
     """A config key has a value that is not allowed; the message names the key."""
 
@@ -211,18 +226,7 @@ class TrainConfig:
         def bad(key: str, allowed: str) -> ConfigError:
             return ConfigError(f"{source}: {key}={getattr(self, key)!r} is not allowed; expected {allowed}")
 
-        for key, choices in (
-            ("loss", LOSS_CHOICES),
-            ("heating", HEATING_CHOICES),
-            ("lr_schedule", LR_SCHEDULE_CHOICES),
-            ("val_split", VAL_SPLIT_CHOICES),
-            ("precision", PRECISION_CHOICES),
-            ("normalization", NORMALIZATION_CHOICES),
-            ("optimizer", OPTIMIZER_CHOICES),
-            ("backbone", BACKBONE_CHOICES),
-            ("embedding_reduction", REDUCTION_CHOICES),
-            ("dataset", DATASET_CHOICES),
-        ):
+        for key, choices in CHOICES.items():
             if getattr(self, key) not in choices:
                 raise bad(key, "one of " + ", ".join(choices))
         for key, allowed in RANGES.items():
