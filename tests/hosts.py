@@ -4,7 +4,8 @@ Each host is a network namespace with one link to a bridge (itself in a namespac
 address in 10.28.0.0/24, which exists only inside these namespaces. A host also has its own mount, PID and UTS
 namespaces: its own /tmp, /dev/shm, /run and home (/root), its own process tree (so that `ray stop` on one host
 stops only that host's Ray, as on a real machine) and its own hostname. The rest of the filesystem is shared: every
-host sees /work/main, its .venv and the test's folders at the same paths (as hosts sharing an NFS mount would).
+host sees the checkout, its .venv and the test's folders at the same paths (as hosts sharing an NFS mount would),
+wherever they are: a checkout under /tmp or /root is bound into each host's own (``shared_folders``).
 
 A server host runs sshd on its address with a key made for the test (root login, that key only). The launcher host
 runs no sshd: it is the user's machine, where `ray up` runs and the S3 stand-in listens.
@@ -80,20 +81,44 @@ class Host:
         return None
 
 
-def kept_in_home() -> list[str]:
-    """What a host's own home must still show of this machine's /root: the Python of the shared .venv when it lives
-    there (a pyenv Python: the venv's interpreter links into /root/.pyenv)."""
-    base = Path(os.path.realpath(sys.base_prefix))
-    if base.is_relative_to("/root") and base != Path("/root"):
-        return [base.relative_to("/root").parts[0]]
-    return []
+PRIVATE = (Path("/root"), Path("/tmp"))  # what each host has its own of, among the folders a checkout may live in
+# the names the cluster's hosts keep in their home (cluster.local.yaml): a checkout's folder of the same name is hidden
+HOST_HOME_NAMES = ("dml", "venv", "data", "mlflow", ".aws", ".ssh")
+
+
+def shared_folders() -> list[Path]:
+    """The folders under /root or /tmp that every host must still see at their paths, though each host has its own
+    /root and /tmp: the top folder under either of this checkout, its environment (as named and where it links to)
+    and the environment's Python (a pyenv Python lives in /root/.pyenv). A checkout cloned under /tmp, with its
+    .venv inside, is one of them."""
+    checkout = Path(__file__).resolve().parents[1]
+    paths = (checkout, Path(sys.prefix), Path(os.path.realpath(sys.prefix)), Path(os.path.realpath(sys.base_prefix)))
+    found: list[Path] = []
+    for path in paths:
+        for private in PRIVATE:
+            if path.is_relative_to(private) and path != private:
+                top = private / path.relative_to(private).parts[0]
+                if top not in found:
+                    found.append(top)
+    return found
+
+
+def unshareable() -> str | None:
+    """Why the hosts cannot see this checkout at its path (None: they can)."""
+    for top in shared_folders():
+        if top.parent == PRIVATE[0] and top.name in HOST_HOME_NAMES:
+            return f"the checkout or its environment is in {top}, where each host keeps its own ~/{top.name}"
+    return None
 
 
 def private_mounts(host: Host, server: bool = True) -> str:
     """Shell lines that give a process in a new mount namespace the host's own home and /tmp (a server: /run and
-    /dev/shm too; sshd's privilege separation folder is /run/sshd)."""
-    lines = [f"mkdir -p {host.home / kept} && mount --bind /root/{kept} {host.home / kept}" for kept in kept_in_home()]
-    lines += [f"mount --rbind {host.home} /root", f"mount --bind {host.tmp} /tmp"]
+    /dev/shm too; sshd's privilege separation folder is /run/sshd), with the shared folders bound in at their paths."""
+    lines = []
+    for top in shared_folders():
+        own = host.home if top.parent == PRIVATE[0] else host.tmp
+        lines.append(f"mkdir -p {own / top.name} && mount --bind {top} {own / top.name}")
+    lines += [f"mount --rbind {host.home} /root", f"mount --rbind {host.tmp} /tmp"]
     if server:
         lines += ["mount -t tmpfs -o mode=755 tmpfs /run", "mkdir /run/sshd", "mount -t tmpfs -o mode=1777 tmpfs /dev/shm"]
     return " && ".join(lines)

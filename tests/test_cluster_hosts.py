@@ -14,9 +14,10 @@ the stand-in and its AWS_ENDPOINT_URL exported beside it (as README says for a s
 changes: Ray's on-premise provider runs the file's setup and start commands over ssh, the head's autoscaler starts
 the workers, MLflow runs on the head's loopback.
 
-What the hosts share with this machine is the filesystem: every host sees /work/main and its .venv at the same
-paths. Each host's ~/venv is a link to that .venv (a machine that comes with the environment), so the setup
-commands' install step finds this project and the pinned Ray there and runs no pip (the hosts reach no index).
+What the hosts share with this machine is the filesystem: every host sees the checkout and its .venv at the same
+paths, wherever they are (tests/hosts.py binds a checkout under /tmp or /root into each host's own). Each host's
+~/venv is a link to that .venv (a machine that comes with the environment), so the setup commands' install step
+finds this project and the pinned Ray there and runs no pip (the hosts reach no index).
 The shared folder of the studies' checkpoints is a folder of this machine, as an NFS mount would be on real hosts.
 
 Known differences from real hosts:
@@ -53,7 +54,7 @@ import pytest
 import yaml
 
 from tests.conftest import epochs_recorded, wait_for
-from tests.hosts import Host, Hosts, missing_tools
+from tests.hosts import Host, Hosts, missing_tools, unshareable
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_LOCAL = ROOT / "cluster.local.yaml"
@@ -68,7 +69,11 @@ S3_KEYS = {"aws_access_key_id": "moto", "aws_secret_access_key": "moto"}
 
 MISSING = missing_tools() + ([] if (VENV / "bin" / "moto_server").exists() else ["moto[server] (the dev extras)"])
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(MISSING), reason=f"separate hosts need {', '.join(MISSING)}")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(MISSING), reason=f"separate hosts need {', '.join(MISSING)}"),
+    pytest.mark.skipif(unshareable() is not None, reason=f"the hosts cannot see this checkout: {unshareable()}"),
+]
 
 # GCS queries from the head's network namespace: every node Ray knows, once the condition ``want`` holds or the
 # time is up. ``want``: {"alive": [ip, ...]} (exactly these alive), {"dead": [ip, after_ms]} (a node of ip declared
@@ -308,7 +313,7 @@ def test_ray_up_starts_a_head_without_cpus_and_both_workers(cluster):
         assert alive[worker.ip]["resources"]["CPU"] >= 1
     # each host got the repository from the launcher and runs the cluster's environment file
     for host in (cluster.head, *cluster.workers):
-        out = cluster.hosts.ssh(host, "hostname; test -f ~/dml/study/launch.py && echo synced; grep DML_STORAGE ~/.dml_env").stdout
+        out = cluster.hosts.ssh(host, "hostname; test -f ~/dml/study/launch/cli.py && echo synced; grep DML_STORAGE ~/.dml_env").stdout
         assert out.split()[:2] == [host.name, "synced"] and cluster.storage in out
 
 
