@@ -98,7 +98,8 @@ def study_row(args: argparse.Namespace, packed: int, space: dict, images: int) -
     path.write_text(yaml.safe_dump(space, sort_keys=False))
     name = f"check-{args.preset}-k{packed}"
     launch = [sys.executable, "-m", "study.launch", "--space", str(path), "--data-root", args.root, "--study-name", name,
-              "--num-samples", str(args.trials), "--cpus-per-trial", str(cpus), "--seed", "0", "--confirm-budget", "0"]  # fmt: skip
+              "--num-samples", str(args.trials), "--cpus-per-trial", str(cpus), "--seed", "0", "--confirm-budget", "0",
+              "--tracking-uri", f"sqlite:///{work / 'runs' / 'mlflow.db'}"]  # fmt: skip  # where trial_rates reads, whatever the env says
     launch += ["--ray-cpus", str(cpus * packed), "--ray-gpus", "0"] if args.cpu else ["--gpus-per-trial", f"{1 / packed:g}"]
     if args.cpu:
         code, wall, output = run_logged(launch, work, work / f"{name}.log")
