@@ -54,43 +54,31 @@ def test_a_rehearsal_runs_the_whole_study_on_more_slots_than_cores_without_data(
     assert len(reruns) == 2 and all(r.info.status == "FINISHED" for r in reruns)
 
 
-def test_a_rehearsal_killed_mid_study_resumes_as_a_rehearsal_and_records_each_trial_once(tmp_path):
-    runs = tmp_path / "runs"
-    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    start = ["--rehearse", "0.5", "--ray-cpus", "4", "--space", "smoke", "--num-samples", "6", "--epochs", "8"]
-    start += ["--study-name", "rk", "--confirm-budget", "0"]
-    run_and_kill(start, env, lambda: sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2)
-    out = run_driver(["--study-name", "rk", "--resume"], env, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "rehearsal (0.5 s per surrogate epoch" in out.stdout  # the study's own setting, from its record
-    assert_recorded_once(runs, "rk", 6)
-
-
 def good_copy_holds_the_searcher(good) -> bool:
     """The kept copy of Tune's state holds the experiment's state and the searcher's: the test tears both."""
     return good.is_dir() and {"experiment_state-*.json", "search_gen_state-*.json"} <= tunestate.kinds(tunestate.state_files(good))
 
 
-def test_a_study_whose_tune_state_a_full_disk_tore_resumes_from_its_last_good_copy(tmp_path):
-    """Ray Tune's state files cut short (as a full disk leaves them: experiment state cut mid-file, the searcher's
-    state empty) no longer make a study unresumable: --resume puts back the last good copy and finishes the study."""
+def test_a_rehearsal_killed_mid_study_and_its_torn_tune_state_resume_as_a_rehearsal_from_the_last_good_copy(tmp_path):
+    """A rehearsal SIGKILLed mid-study, then its Ray Tune state files cut short (as a full disk leaves them: the
+    experiment state cut mid-file, the searcher's state empty): --resume continues it as a rehearsal (the study's own
+    setting, from its record), puts back the last good copy of Tune's state (a torn state no longer makes a study
+    unresumable) and finishes it, every trial recorded once. One study shows what two showed apart: a killed
+    rehearsal's resume, and a torn state's."""
     runs = tmp_path / "runs"
     env = {**os.environ, "DML_RUNS_DIR": str(runs), **FREQUENT_SNAPSHOTS}
     env.pop("MLFLOW_TRACKING_URI", None)
-    experiment, good = runs / "ray" / "torn", runs / "ray" / "torn" / ".last-good"
-    start = ["--rehearse", "0.25", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "6", "--epochs", "16", "--study-name", "torn"]
-    run_and_kill(
-        [*start, "--confirm-budget", "0"],
-        env,
-        lambda: good_copy_holds_the_searcher(good) and sum(e >= 2 for e in epochs_logged(runs, "torn")) >= 2,
-    )
+    experiment, good = runs / "ray" / "rk", runs / "ray" / "rk" / ".last-good"
+    start = ["--rehearse", "0.5", "--ray-cpus", "4", "--space", "smoke", "--num-samples", "6", "--epochs", "8"]
+    start += ["--study-name", "rk", "--confirm-budget", "0"]
+    run_and_kill(start, env, lambda: good_copy_holds_the_searcher(good) and sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2)
     state = max(experiment.glob("experiment_state-*.json"))
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     for searcher in experiment.glob("search_gen_state-*.json"):
         searcher.write_bytes(b"")
-    out = run_driver(["--study-name", "torn", "--resume"], env, timeout=900)
+    out = run_driver(["--study-name", "rk", "--resume"], env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "rehearsal (0.5 s per surrogate epoch" in out.stdout  # the study's own setting, from its record
     assert "was torn" in out.stdout and "resuming from its last good copy" in out.stdout
-    assert_recorded_once(runs, "torn", 6)
+    assert_recorded_once(runs, "rk", 6)
     assert list(experiment.glob("experiment_state-*.json.torn"))  # what was cut short is kept for inspection
