@@ -285,7 +285,7 @@ def test_address_where_something_listens_passes_the_check():
 def test_trial_resources_no_node_offers_are_refused():
     import ray
 
-    ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)  # never a Ray already running here
     try:
         checks.check_cluster_resources(1, 0)
         checks.check_cluster_resources(0.5, 0)
