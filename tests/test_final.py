@@ -418,7 +418,11 @@ def test_experiment_is_tagged_for_model_training_once(tmp_path, runs):
 
 
 def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monkeypatch):
-    """study.final --study NAME needs no --data-root: the study's parent run has it (param data_root); the flag and $DML_DATA_ROOT win."""
+    """study.final --study NAME needs no --data-root: the study's parent run has it (param data_root).
+
+    --data-root wins; $DML_DATA_ROOT is only the default of a study that recorded none, so an exported default never
+    sends a study's final to another copy of its data (a study launched with --data-root beside an exported root).
+    """
     from study.records import parent, tracking
     from tests.conftest import recorded_params
 
@@ -439,7 +443,12 @@ def test_a_study_is_retrained_on_the_data_root_it_recorded(tmp_path, runs, monke
     assert final.main(["--study", "s1", "--data-root", str(tmp_path / "flag")]) == 2
     monkeypatch.setenv("DML_DATA_ROOT", str(tmp_path / "env"))
     assert final.main(["--study", "s1"]) == 2
-    assert seen == [str(tmp_path / "study_root"), str((tmp_path / "flag").resolve()), str((tmp_path / "env").resolve())]
+    assert final.main(["--study", "s1", "--data-root", str(tmp_path / "flag")]) == 2
+    unrecorded = recorded_params(data_root=None)  # a study that recorded no data root
+    client.set_terminated(parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s2", str(best), unrecorded))
+    assert final.main(["--study", "s2"]) == 2
+    flag, env = str((tmp_path / "flag").resolve()), str((tmp_path / "env").resolve())
+    assert seen == [str(tmp_path / "study_root"), flag, str(tmp_path / "study_root"), flag, env]
 
 
 def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):

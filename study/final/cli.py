@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--data-root",
-        help=f"folder holding the datasets (default: ${DATA_ROOT_ENV}, else with --study the study's own); "
+        help=f"folder holding the datasets (default: with --study the study's own, else ${DATA_ROOT_ENV}); "
         "Omniglot is looked up in <root>/omniglot/",
     )
     parser.add_argument("--download", action="store_true", help="download Omniglot into the data root when it is missing (needs internet)")

@@ -176,7 +176,7 @@ class FinalPlan:
     study: str | None = None
     space: str | None = None
     register: str | None = None  # registry name of the final model (the seeds' ensemble; one seed's with one seed)
-    data_root: str | None = None  # the study's own (--study), used without --data-root and $DML_DATA_ROOT
+    data_root: str | None = None  # the study's own (--study): used without --data-root, before $DML_DATA_ROOT
     trial_resources: tuple[float, float] = (1.0, 0.0)  # CPUs and GPUs of the study's trials (--study), a seed's task's by default
     members: tuple[Member, ...] = ()  # --study --members tied: the race's tied candidates, the pick first; (): the pick alone
 

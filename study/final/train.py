@@ -340,7 +340,9 @@ def run_final(args: argparse.Namespace) -> FinalResult:
 def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalResult:
     """``run_final`` once the plan is made: the data checked, then the training under a parent run."""
     device = resolve_device(args.device)
-    data_root = tracking.absolute_data_root(args.data_root) or plan.data_root
+    # --data-root, else the study's own root, else $DML_DATA_ROOT: an exported default must not send a study's
+    # final to another copy of its data than the one the study searched on
+    data_root = (tracking.absolute_data_root(args.data_root) if args.data_root else plan.data_root) or tracking.absolute_data_root(None)
     splits = load_data(plan, data_root, args.download)  # every input error surfaces before a run is created
     with locks.store_setup_lock(uri):
         experiment_id = tracking.setup(uri, plan.experiment)  # once per command, after every input check
