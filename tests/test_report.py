@@ -26,8 +26,8 @@ from study.final import cli as final
 from study.records.curves import asha_rungs
 from study.report import cli as report
 from study.report.document import markdown
-from study.report.finals import ensemble_line
-from study.report.sections import _final_seed_runs, find_parent, importance_section, paper_table, rung_rank_correlation, top_trials
+from study.report.finals import ensemble_line, final_seed_runs
+from study.report.sections import find_parent, importance_section, paper_table, rung_rank_correlation, top_trials
 from study.search.journal import open_storage
 from tests.conftest import recorded_params
 
@@ -426,7 +426,7 @@ def test_every_search_reads_every_page():
     client = PagingMlflow([parent, *trials, *seeds])
     assert sorted(r.info.run_id for r in tracking.child_runs(client, "0", "parent")) == sorted(r.info.run_id for r in trials)
     assert 12 <= client.calls <= 13  # pages of 1,000
-    assert [r.info.run_id for r in _final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
+    assert [r.info.run_id for r in final_seed_runs(client, parent)] == [r.info.run_id for r in seeds]
     assert find_parent(client, "big", None) is parent  # in any of 1,500 experiments
 
 

@@ -30,7 +30,6 @@ from study.inputs import UsageError
 from study.records import tracking
 from trainables.core.config import DATA_ROOT_ENV
 
-log = logging.getLogger(__name__)
 # what a study's final seeds train (--members): the race's tied candidates, decided on the validation classes
 # (docs/findings.md, "The final model: the tie and the seeds as one model"), or the pick alone
 MEMBERS = ("tied", "pick")

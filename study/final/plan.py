@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import logging
 import tempfile
 from dataclasses import dataclass
 from importlib import resources
@@ -22,8 +21,6 @@ from study.records.study_record import StudyRecord
 from study.records.trials import spool_path
 from study.search.race import tie_member
 from trainables.core.config import TrainConfig
-
-log = logging.getLogger(__name__)
 
 
 def load_config(path: str | None, epochs: int | None = None) -> tuple[TrainConfig, str]:

@@ -3,7 +3,6 @@ runs in the driver or in a Ray task (study.final.placement) and hands back a See
 
 from __future__ import annotations
 
-import logging
 import socket
 import tempfile
 import time
@@ -19,8 +18,6 @@ from trainables.core.data import (
     DatasetSplits,
 )
 from trainables.core.engine import Run, fit
-
-log = logging.getLogger(__name__)
 
 
 def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochReport], None]) -> SeedOutput:

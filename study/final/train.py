@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import math
 import os
 import socket
@@ -40,8 +39,6 @@ from trainables.core.data import (
     load_dataset,
 )
 from trainables.core.engine import ONE_SHOT_WAYS, Embeddings, build_model, concatenated, default_device, score
-
-log = logging.getLogger(__name__)
 
 
 def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:

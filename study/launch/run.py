@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import logging
 import sys
 import time
 
@@ -29,9 +28,6 @@ from trainables.core.config import ConfigError
 from trainables.core.data import (
     DatasetError,
 )
-
-log = logging.getLogger(__name__)
-
 
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
 

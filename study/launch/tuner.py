@@ -3,7 +3,6 @@ replayed on its results."""
 
 from __future__ import annotations
 
-import logging
 import math
 import pickle
 from pathlib import Path
@@ -19,8 +18,6 @@ from study.records.trials import TrialRecorder
 from study.search.journal import journal_file, open_storage
 from study.search.race import Selection, race_rules, race_selection, races, rerun_candidates, selection_record
 from study.search.trial import FOLD_KEY, confirmed_trial, is_finite_number, race_table
-
-log = logging.getLogger(__name__)
 
 
 def open_optuna(settings: StudySettings, storage: optuna.storages.BaseStorage) -> optuna.Study:

@@ -3,15 +3,12 @@ heating fall, and learning_curves.png, drawn once for the study's end and its re
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from study import plots
 from study.records import tracking
 from study.records.study_record import StudyRecord
 from trainables.core.budgets import rung_budgets
-
-log = logging.getLogger(__name__)
 
 
 def asha_rungs(grace_period: int, reduction_factor: float, max_epochs: int) -> list[int]:

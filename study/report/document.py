@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import base64
 import html
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger(__name__)
-
 
 # -- the report's blocks: what it says, written twice (report.md and report.html) ---------------------------------------
 #

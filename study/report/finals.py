@@ -3,7 +3,8 @@ embedding diagnostics) and the whole report's assembly and writing."""
 
 from __future__ import annotations
 
-import logging
+import hashlib
+import re
 import shutil
 from pathlib import Path
 
@@ -16,10 +17,6 @@ from study.records.study_record import StudyRecord
 from study.report.document import Block, Bullets, Code, Heading, Image, Paragraph, Table, html_page, markdown
 from study.report.sections import (
     TABLE_METRICS,
-    _final_seed_runs,
-    _mean_over_seeds,
-    _seed_metrics,
-    _slug,
     best_config,
     early_stopping,
     finished_schedules,
@@ -33,20 +30,45 @@ from study.report.sections import (
     top_trials,
 )
 
-log = logging.getLogger(__name__)
+
+def slug(text: str) -> str:
+    """A file-name part for ``text``: its letters, digits, _ . - and, where that is not all of it, a hash of ``text``, so
+    that two names never share a file ("a|b" and "a_b")."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    return safe if safe == text and len(safe) <= 80 else safe[:64] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def mean_over_seeds(client, runs: list, key: str) -> dict[int, float]:
+    """The mean history of ``key`` over the runs that logged it, up to the shortest one ({} when none did)."""
+    histories = [list(h.values()) for h in (metric_history(client, r.info.run_id, key) for r in runs if key in r.data.metrics) if h]
+    if not histories:
+        return {}
+    length = min(len(h) for h in histories)
+    return dict(enumerate(np.mean([h[:length] for h in histories], axis=0).tolist(), start=1))
+
+
+def final_seed_runs(client, parent) -> list:
+    """The study.final seed runs under ``parent``, oldest first."""
+    seeds = tracking.run_filter({"tags.mlflow.parentRunId": parent.info.run_id, "tags.kind": "final_seed"})
+    ids = [parent.info.experiment_id]
+    return tracking.all_pages(client.search_runs, experiment_ids=ids, filter_string=seeds, order_by=["attributes.start_time ASC"])
+
+
+def seed_metrics(run) -> dict[str, float]:
+    return {k: v for k, v in run.data.metrics.items() if k.startswith("test_")}
 
 
 def study_finals(client, parent, out: Path) -> list[Block]:
     """The test metrics and diagnostics of the study's best config retrained by study.final --study."""
     name = parent.data.tags["study_name"]
-    finals, earlier = final_groups(_final_seed_runs(client, parent))
+    finals, earlier = final_groups(final_seed_runs(client, parent))
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
     column = f"best config of {name}"
     return [
         heading,
-        *paper_table({column: [_seed_metrics(r) for r in finals]}),
+        *paper_table({column: [seed_metrics(r) for r in finals]}),
         *earlier_finals(earlier),
         *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
@@ -156,7 +178,7 @@ def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[Bl
         first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
         names = [a.path for a in client.list_artifacts(first.info.run_id) if a.path.startswith("similarity_histogram")]
         if names:
-            target = out / f"similarity_{_slug(conf)}.png"
+            target = out / f"similarity_{slug(conf)}.png"
             Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
             blocks.append(Image(target, "pair similarities", caption=f"{conf} (seed {first.data.tags.get('seed')}):"))
     return blocks
@@ -165,7 +187,7 @@ def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[Bl
 def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[Block]:
     """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
     proxy = {  # mean_proxy_norm: its name in records written before the train_ prefix
-        conf: _mean_over_seeds(client, runs, "train_mean_proxy_norm") or _mean_over_seeds(client, runs, "mean_proxy_norm")
+        conf: mean_over_seeds(client, runs, "train_mean_proxy_norm") or mean_over_seeds(client, runs, "mean_proxy_norm")
         for conf, runs in groups.items()
     }
     proxy = {conf: values for conf, values in proxy.items() if values}
@@ -198,7 +220,7 @@ def embedding_section(client, groups: dict[str, list], out: Path) -> list[Block]
         for prefix, caption in PICTURES:
             names = [name for name in logged if name.startswith(prefix) and name.endswith(".png")]
             if names:
-                target = out / f"{prefix}_{_slug(conf)}.png"
+                target = out / f"{prefix}_{slug(conf)}.png"
                 Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
                 blocks += [Paragraph(f"{conf} (seed {first.data.tags.get('seed')}), {caption}:"), Image(target, prefix)]
     return blocks
@@ -206,12 +228,12 @@ def embedding_section(client, groups: dict[str, list], out: Path) -> list[Block]
 
 def grid_report(client, parent, out: Path) -> list[Block]:
     tags = parent.data.tags
-    seeds = _final_seed_runs(client, parent)
+    seeds = final_seed_runs(client, parent)
     groups: dict[str, list] = {}
     for r in seeds:
         if r.info.status == "FINISHED":
             groups.setdefault(r.data.tags.get("configuration", "?"), []).append(r)
-    losses = {conf: _mean_over_seeds(client, runs, "train_loss") for conf, runs in groups.items()}
+    losses = {conf: mean_over_seeds(client, runs, "train_loss") for conf, runs in groups.items()}
     path = plots.curves(
         {conf: values for conf, values in losses.items() if values},
         out / "train_loss.png",
@@ -233,7 +255,7 @@ def grid_report(client, parent, out: Path) -> list[Block]:
             )
         ),
         Heading(2, "Test metrics (the papers' table layout)"),
-        *paper_table({conf: [_seed_metrics(r) for r in runs] for conf, runs in groups.items()}),
+        *paper_table({conf: [seed_metrics(r) for r in runs] for conf, runs in groups.items()}),
         Heading(2, "Training loss against epoch (mean over seeds)"),
         Image(path, "training loss"),
         Heading(2, "Embedding diagnostics"),

@@ -3,10 +3,7 @@ the pick, the best config, importances, parallel coordinates, learning curves an
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +18,6 @@ from study.report.document import Block, Bullets, Code, Heading, Image, Inline, 
 from study.search.race import selection_from_record, standing
 from study.search.schedulers import describe_rule
 from trainables.core.config import TrainConfig
-
-log = logging.getLogger(__name__)
 
 CONFIG_KEYS = frozenset(TrainConfig.keys())
 TABLE_METRICS = (
@@ -113,13 +108,6 @@ def _fmt(value: Any) -> str:
     return text
 
 
-def _slug(text: str) -> str:
-    """A file-name part for ``text``: its letters, digits, _ . - and, where that is not all of it, a hash of ``text``, so
-    that two names never share a file ("a|b" and "a_b")."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-    return slug if slug == text and len(slug) <= 80 else slug[:64] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
 # -- reading MLflow --------------------------------------------------------------------------------------------------
 
 
@@ -147,26 +135,6 @@ def find_parent(client, name: str, experiment: str | None):
             + "; expected the --study-name of study.launch or the name of a study.final --space run"
         )
     return parents[0]
-
-
-def _mean_over_seeds(client, runs: list, key: str) -> dict[int, float]:
-    """The mean history of ``key`` over the runs that logged it, up to the shortest one ({} when none did)."""
-    histories = [list(h.values()) for h in (metric_history(client, r.info.run_id, key) for r in runs if key in r.data.metrics) if h]
-    if not histories:
-        return {}
-    length = min(len(h) for h in histories)
-    return dict(enumerate(np.mean([h[:length] for h in histories], axis=0).tolist(), start=1))
-
-
-def _final_seed_runs(client, parent) -> list:
-    """The study.final seed runs under ``parent``, oldest first."""
-    seeds = tracking.run_filter({"tags.mlflow.parentRunId": parent.info.run_id, "tags.kind": "final_seed"})
-    ids = [parent.info.experiment_id]
-    return tracking.all_pages(client.search_runs, experiment_ids=ids, filter_string=seeds, order_by=["attributes.start_time ASC"])
-
-
-def _seed_metrics(run) -> dict[str, float]:
-    return {k: v for k, v in run.data.metrics.items() if k.startswith("test_")}
 
 
 # -- sections of a study's report ------------------------------------------------------------------------------------

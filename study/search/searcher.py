@@ -22,7 +22,6 @@ history.
 
 from __future__ import annotations
 
-import logging
 import math
 import pickle
 from typing import Any
@@ -37,7 +36,6 @@ from study.search.schedulers import SAMPLERS
 from study.search.spaces import Space
 from study.search.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
 
-log = logging.getLogger(__name__)
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED)  # a trial that trained and was told: it counts among the study's
 
