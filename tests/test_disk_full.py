@@ -12,6 +12,7 @@ import errno
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +165,41 @@ def test_storage_path_fills_then_resume_finishes_the_study(tmp_path, moment):
         out = run_driver(["--study-name", name, "--resume"], env, timeout=300)
         assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
         assert_recorded_once(runs, name, 4)
+
+
+# attach the SOP set under argv[1] at crop size argv[2] to a cache folder whose free space looked ample when it was
+# checked (another writer filled the disk between the check and the build, as two studies on one node can)
+FILLED_AFTER_THE_CHECK = """
+import collections, shutil, sys
+from trainables.core import cache, data
+Usage = collections.namedtuple("Usage", "total used free")
+shutil.disk_usage = lambda path: Usage(1 << 40, 0, 1 << 40)
+splits = data.load_dataset("sop", sys.argv[1])
+print("cached" if cache.attach_cache(splits, int(sys.argv[2]), sys.argv[1]) else "streaming", splits.train.decoded is None)
+"""
+
+
+def test_a_disk_that_fills_during_the_cache_build_leaves_the_images_streaming(tmp_path):
+    """The decoded cache's build (trainables.core.cache) on a 1 MiB disk that cannot hold its pixels: the trial goes on
+    streaming the images from their files, one line names the folder and the error, and no file of the build is left
+    for a later run to read or to count against the disk. (A sparse pixel file filled through a memmap killed the
+    process with SIGBUS, and nothing said why.)"""
+    from tests.photo_data import make_sop
+    from trainables.core import cache
+
+    make_sop(tmp_path / "data", scale=0.0004, size_scale=0.15)  # about 50 images: 10 MB of pixels at 256 px
+    with small_filesystem(tmp_path / "disk", size="1m") as disk:
+        env = {**os.environ, cache.CACHE_DIR_ENV: str(disk), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env.pop(cache.CACHE_MAX_GB_ENV, None)
+        done = subprocess.run(
+            [sys.executable, "-c", FILLED_AFTER_THE_CHECK, str(tmp_path / "data"), "224"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+        assert done.stdout.split() == ["streaming", "True"], done.stdout
+        said = [line for line in done.stderr.splitlines() if "decoded cache off" in line]
+        assert len(said) == 1 and str(disk) in said[0] and "No space left on device" in said[0], done.stderr[-3000:]
+        assert [p.suffix for p in disk.iterdir()] == [".lock"]  # the build's lock only: no pixels, shapes or manifest

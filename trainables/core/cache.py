@@ -23,12 +23,14 @@ with the file's name.
 
 The cache is skipped, and the images are streamed from their files by the PIL path as before, when it would
 not fit: over ``$DML_CACHE_MAX_GB`` (0 turns the cache off) or over the folder's free space less 1 GiB, or when
-the folder cannot be written.
+the folder cannot be written; and when the disk fills during the build (its space is reserved before any pixel
+is written, so this is an error, never a SIGBUS), which then removes its files and says so in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -166,8 +168,37 @@ def _decode_chunk(job: tuple[str, int, int, list[str], int]) -> np.ndarray:
     return shapes
 
 
+def _allocate(fd: int, nbytes: int) -> None:
+    """Reserve ``nbytes`` of disk for the open file ``fd`` before the decoders write it through a memmap.
+
+    A sparse file (a plain truncate) would take its blocks only as pages are written, and a page the full disk
+    cannot back kills the writer with SIGBUS, with no message; reserved up front, a full disk is an OSError (ENOSPC)
+    here instead. A filesystem that cannot reserve (EOPNOTSUPP, EINVAL) gets the sparse file.
+    """
+    if nbytes == 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, nbytes)
+
+
 def build_cache(folder: Path, key: str, paths: list[str], size: int, workers: int = 1) -> None:
-    """Decode ``paths`` at size x size into the cache ``key`` in ``folder`` (the caller holds its lock)."""
+    """Decode ``paths`` at size x size into the cache ``key`` in ``folder`` (the caller holds its lock).
+
+    A build that fails (a full disk, a bad image) leaves none of its files behind: no manifest, so nothing is read.
+    """
+    try:
+        _build(folder, key, paths, size, workers)
+    except BaseException:
+        for path in _files(folder, key):
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _build(folder: Path, key: str, paths: list[str], size: int, workers: int) -> None:
     pixels, shapes, manifest = _files(folder, key)
     manifest.unlink(missing_ok=True)  # first: a reader never trusts the files below while they change
     for stale in folder.glob(f"{key}.*.tmp*"):  # a killed builder's (this process holds the key's lock)
@@ -178,7 +209,7 @@ def build_cache(folder: Path, key: str, paths: list[str], size: int, workers: in
     jobs = [(str(temporary), start, len(paths), paths[start : start + CHUNK], size) for start in range(0, len(paths), CHUNK)]
     try:
         with open(temporary, "wb") as handle:
-            handle.truncate(nbytes)
+            _allocate(handle.fileno(), nbytes)
         if workers > 1 and len(jobs) > 1:
             # spawned, not forked: a trial's process holds torch's threads, which a fork copies in an unknown state
             with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -271,7 +302,14 @@ def attach_cache(splits: DatasetSplits, image_size: int, data_root: str | os.Pat
         if not os.access(folder, os.W_OK):
             log.warning("decoded cache off: %s is not writable; streaming the images from their files", folder)
             return False
-    pixels, shapes = open_cache(folder, paths, size, workers)
+    try:
+        pixels, shapes = open_cache(folder, paths, size, workers)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # the disk filled after the free-space check above (another writer): the cache is a speed-up, not a need
+        log.warning("decoded cache off: %s filled up while the cache was built (%s); streaming the images from their files", folder, error)
+        return False
     row = {p: i for i, p in enumerate(paths)}
     for images in sets:
         images.decoded = Decoded(pixels, shapes, np.array([row[p] for p in images.paths], dtype=np.int64))
