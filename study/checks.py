@@ -153,9 +153,10 @@ def check_optuna_storage(storage: str) -> str:
     expected = "expected journal:PATH or a database URL such as postgresql://USER@HOST/DB or sqlite:///PATH"
     try:
         url = make_url(storage)
-        url.get_dialect()
+        url.get_dialect().import_dbapi()  # the driver itself, not only SQLAlchemy's dialect of it
     except (sqlalchemy.exc.NoSuchModuleError, ImportError) as error:  # NoSuchModuleError is an ArgumentError: first
-        raise UsageError(f"{flag}: no database driver for it ({tracking.first_error_line(str(error))}); {expected}") from None
+        extra = " (PostgreSQL: pip install -e '.[postgres]')" if storage.startswith("postgresql") else ""
+        raise UsageError(f"{flag}: no database driver for it ({tracking.first_error_line(str(error))}){extra}; {expected}") from None
     except sqlalchemy.exc.ArgumentError:
         raise UsageError(f"{flag}: not a storage URL; {expected}") from None
     backend = url.get_backend_name()

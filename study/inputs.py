@@ -38,6 +38,31 @@ def redacted(text: str) -> str:
     return _URL_PASSWORD.sub(r"\g<scheme_user>:***@", text)
 
 
+_GIVEN: dict[str, str] = {}  # a URL with its password hidden -> the URL as given: this process's memory only
+
+
+def without_password(url: str) -> str:
+    """``url`` as the state a study pickles or writes (Ray Tune's searcher and callbacks, the record) holds it: its
+    password hidden (``redacted``). The URL as given stays in this process's memory, for ``with_password``."""
+    hidden = redacted(url)
+    if hidden != url:
+        _GIVEN[hidden] = url
+    return hidden
+
+
+def with_password(url: str, what: str) -> str:
+    """The URL ``without_password`` hid, as given; ``url`` itself when it hides no password. A hidden password this
+    process was never given (``study.sync`` of a study whose URL had one) is a UsageError naming ``what``."""
+    if REDACTED not in url:
+        return url
+    if url not in _GIVEN:
+        raise UsageError(
+            f"{what} {url}: the password was not given to this command; give the URL with it, or leave it out of the URL "
+            "and let the database driver read it (PostgreSQL: $PGPASSWORD or ~/.pgpass)"
+        )
+    return _GIVEN[url]
+
+
 def print_error(error: BaseException | str) -> int:
     """Bad input as the commands print it: one line ``error: ...`` on stderr, passwords redacted; returns exit status 2."""
     print(f"error: {redacted(str(error))}", file=sys.stderr)

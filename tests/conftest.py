@@ -39,7 +39,7 @@ TIERS = {
         "test_verdicts_bench.py",
     ),
     "faults": (
-        "test_browser.py", "test_cluster_hosts.py", "test_data_root.py", "test_disk_full.py", "test_rehearsal.py",
+        "test_browser.py", "test_cluster_hosts.py", "test_data_root.py", "test_disk_full.py", "test_postgres.py", "test_rehearsal.py",
         "test_resume.py",
     ),
     "mixed": (

@@ -428,6 +428,7 @@ def test_optuna_storages_that_cannot_hold_a_study(tmp_path, runs, capsys):
         (f"journal:{tmp_path}", "expected journal:PATH of a file"),
         (f"journal:{write(tmp_path / 'afile', 'x') / 'journal.log'}", "is not writable"),
         ("nosuchdialect://u@h/db", "no database driver"),
+        ("mysql://u@h/db", "no database driver for it (No module named 'MySQLdb')"),  # SQLAlchemy knows the dialect, not its driver
         ("sqlite://", "in-memory"),
         (f"mysql+pymysql://u@127.0.0.1:{port}/db", "--optuna-storage"),  # no driver, or no server: either is one line
     ]

@@ -29,13 +29,14 @@ pytestmark = pytest.mark.slow
 EPOCHS = 4
 
 
-def study_records(runs: Path, name: str, experiment: str = "dml-studies"):
+def study_records(runs: Path, name: str, experiment: str = "dml-studies", storage: str | None = None):
+    """A study's MLflow client, parent and trial runs, and its Optuna study (``storage``: else the runs folder's journal)."""
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     exp = client.get_experiment_by_name(experiment)
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{name}'", max_results=1000)
     parent = [r for r in found if r.data.tags.get("kind") == "study"]
     children = [r for r in found if r.data.tags.get("kind") == "trial"]
-    study = optuna.load_study(study_name=name, storage=open_storage(f"journal:{runs / 'optuna' / 'journal.log'}"))
+    study = optuna.load_study(study_name=name, storage=open_storage(storage or f"journal:{runs / 'optuna' / 'journal.log'}"))
     return client, parent, children, study
 
 

@@ -17,11 +17,11 @@ from tests.test_resume import FREQUENT_SNAPSHOTS, epochs_logged, run_and_kill, r
 pytestmark = pytest.mark.slow
 
 
-def assert_recorded_once(runs, name: str, trials: int) -> None:
+def assert_recorded_once(runs, name: str, trials: int, storage: str | None = None) -> None:
     """One child run per Optuna trial; each trial that ended COMPLETE or PRUNED has every epoch it trained once, in
     order (an attempt a kill cut short may have trained more, tagged: conftest.epochs_recorded); a trial orphaned by a
     kill (started after Tune's last snapshot) is FAIL in Optuna and FAILED in MLflow."""
-    client, parent, children, study = study_records(runs, name)
+    client, parent, children, study = study_records(runs, name, storage=storage)
     assert parent[0].info.status == "FINISHED"
     ended = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(ended) == trials and len(children) == len(study.trials)

@@ -131,6 +131,7 @@ def study_settings(args: argparse.Namespace) -> StudySettings:
     if args.resume:
         args = resumed_args(args, parent.resumed_record(uri, args.experiment, args.study_name))
     optuna_storage = checks.check_optuna_storage(args.optuna_storage or f"journal:{tracking.runs_dir() / 'optuna' / 'journal.log'}")
+    optuna_storage = inputs.without_password(optuna_storage)  # Tune pickles the searcher and the recorder: never the password
     space = prepare_space(args)
     if args.rehearse is None and args.address is None:  # the local Ray's GPUs are this machine's (a cluster's: tuner)
         check_gpu_packing(space, args.gpus_per_trial or 0.0, checks.local_gpus())

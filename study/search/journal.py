@@ -43,6 +43,7 @@ from typing import Any
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
+from study.inputs import with_password, without_password
 from study.lines import cut_torn_tail, keep_torn, named, parses
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,24 @@ def open_storage(storage: str | optuna.storages.BaseStorage) -> optuna.storages.
     if isinstance(storage, optuna.storages.BaseStorage):
         return storage
     path = journal_file(storage)
-    return optuna.storages.JournalStorage(RepairingJournalBackend(path)) if path is not None else optuna.storages.RDBStorage(storage)
+    if path is not None:
+        return optuna.storages.JournalStorage(RepairingJournalBackend(path))
+    return PasswordHidingStorage(with_password(storage, "the Optuna storage"))
+
+
+class PasswordHidingStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, whose pickle holds its URL with the password hidden (``study.inputs.without_password``).
+
+    Ray Tune pickles the searcher's state with each snapshot, and with it the Optuna trials still running, their study
+    and its storage; unpickled in the driver that was given the URL (``--resume`` asks for it again), it connects with
+    the password as given.
+    """
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return {**super().__getstate__(), "url": without_password(self.url)}
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__({**state, "url": with_password(state["url"], "the Optuna storage")})
 
 
 def journal_file(storage: str) -> str | None:
