@@ -86,6 +86,57 @@ def library_output_to(path: Path, loggers: tuple[str, ...] = LIBRARY_LOGGERS) ->
             os.environ["RAY_AIR_NEW_OUTPUT"] = new_output
 
 
+# The watcher of fatal_errors_to: waits until its command's process closes the pipe (at its end, or at its death),
+# then, if faulthandler wrote a fatal error into the log past the offset it was given, says so in one line.
+_WATCHER = """
+import sys
+sys.stdin.buffer.read()
+path, offset, command = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        for line in log:
+            if line.startswith(b"Fatal Python error: "):
+                what = line.decode(errors="replace").split(": ", 1)[1].strip()
+                print(f"error: {command} died: {what}; every thread's stack is in {path}", file=sys.stderr)
+                break
+except OSError:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def fatal_errors_to(path: Path, command: str) -> Iterator[None]:
+    """Within the block, a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL: a crash in native code, or a kill
+    with one of them) writes every thread's Python stack to ``path`` (``faulthandler``), and one line to the terminal
+    names ``command``, what killed it and ``path``.
+
+    A dying process can print nothing more, so the line comes from a small watcher process that outlives it; its own
+    session keeps the terminal's Ctrl-C from it. The runs the dead command left are ended by the next command, as after
+    a SIGKILL. On exit faulthandler is back as it was (to stderr, where it was on).
+    """
+    import faulthandler
+    import subprocess
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "ab")  # held open for the block: faulthandler writes to its descriptor
+    offset = log.seek(0, os.SEEK_END)
+    watcher = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _WATCHER, str(path), str(offset), command], stdin=subprocess.PIPE, start_new_session=True
+    )
+    was_on = faulthandler.is_enabled()
+    faulthandler.enable(file=log, all_threads=True)
+    try:
+        yield
+    finally:
+        faulthandler.disable()
+        if was_on:
+            faulthandler.enable(file=sys.__stderr__, all_threads=True)
+        watcher.stdin.close()
+        watcher.wait()
+        log.close()
+
+
 class QuietFileHandler(logging.FileHandler):
     """The log file's handler: a record it cannot write (a full disk) is said once on stderr, in one line, not with
     logging's traceback per record; the study goes on without its library logs."""

@@ -6,6 +6,7 @@ checkpoint (an event on disk, never a fixed delay) and resume it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -178,6 +179,44 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     client, parent, children, study = study_records(runs, name)
     assert parent[0].info.status == "FINISHED" and "failure_reason" not in parent[0].data.tags
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+def test_a_driver_killed_by_a_fatal_signal_says_so_in_one_line_and_the_log_holds_its_stack(runs):
+    """SIGSEGV to the driver (a crash in native code, as a library's bug gives it): faulthandler writes every thread's
+    stack to the study's log, one line on the terminal names the signal and the log, and --resume ends the study as
+    after a SIGKILL."""
+    env = {**os.environ, "DML_RUNS_DIR": str(runs)}
+    name = "crashed"
+    argv = ["--rehearse", "0.5", "--ray-cpus", "2", "--space", "smoke", "--num-samples", "2", "--epochs", "6", "--grace-period", "6"]
+    argv += ["--confirm-budget", "0", "--study-name", name, "--checkpoint-every", "0"]
+    driver = start_driver(argv, env)
+    try:
+        wait_for(lambda: any((runs / "ray" / name).glob("*/checkpoint_*")), 600, "a trial's first checkpoint", process=driver)
+        driver.send_signal(signal.SIGSEGV)
+        driver.wait(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the dead driver started
+    _, err = driver.communicate(timeout=300)  # the watcher's line comes once the driver is gone
+    assert driver.returncode == -signal.SIGSEGV, err[-3000:]
+    log = runs / "logs" / f"{name}.log"
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: study.launch died: Segmentation fault; every thread's stack is in {log}"
+    ], err[-3000:]
+    stack = log.read_text().split("Fatal Python error: Segmentation fault", 1)[1]
+    assert "most recent call first" in stack and "study/launch/run.py" in stack, stack[:3000]
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "study.launch", "--study-name", name, "--resume"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    client, parent, children, study = study_records(runs, name)
+    assert parent[0].info.status == "FINISHED"
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
 

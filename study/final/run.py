@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     """study.final for ``args`` (``cli.parse_args``); the command's exit status."""
     try:
         tracking.check_store(tracking.resolve_tracking_uri(args.tracking_uri), "study.final")  # before its log file
-        with StopSignals().installed(), console.library_output_to(console.log_path("study.final")) as log:
+        log_file = console.log_path("study.final")
+        with StopSignals().installed(), console.fatal_errors_to(log_file, "study.final"), console.library_output_to(log_file) as log:
             inputs.redact_logs()
             result = dataclasses.replace(run_final(args), log=log)  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:

@@ -115,7 +115,8 @@ def launch(args: argparse.Namespace) -> int:
         local_ray_env(settings.address)
         import ray  # noqa: F401  (its import installs the console handler that library_output_to replaces)
 
-        with console.library_output_to(console.log_path(settings.name)):
+        log = console.log_path(settings.name)
+        with console.fatal_errors_to(log, "study.launch"), console.library_output_to(log):
             inputs.redact_logs()
             outcome = run_study(settings, experiment_id)
     except INPUT_ERRORS as error:
