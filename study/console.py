@@ -270,7 +270,7 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
             "no seed is chosen by its test score, which would tune on the test classes)"
         )
     shows = "the trials and their curves" if best is None else "top trials, the pick, importances, curves; once retrained, its test results"
-    print(f"the report ({shows}):  {python_command('study.report')} {flags}")
+    print(f"the report ({shows}; report.md and report.html):  {python_command('study.report')} {flags}")
     print(f"open the MLflow UI:  {ui_command(outcome.uri, outcome.experiment_id)}")
     log = log_path(study_name)
     if log.is_file():

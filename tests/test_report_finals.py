@@ -28,12 +28,14 @@ def test_seed_runs_group_by_the_final_that_wrote_them_the_latest_last():
 
 
 class Client:
-    """The MLflow calls study_finals makes, over fixed runs."""
+    """The MLflow calls study_finals makes, over fixed runs (seed runs, and seeds-as-one-model runs)."""
 
-    def __init__(self, runs):
-        self.runs = runs
+    def __init__(self, runs, ensembles=()):
+        self.runs, self.ensembles = runs, list(ensembles)
 
     def search_runs(self, experiment_ids, filter_string="", order_by=None, max_results=None, page_token=None):
+        if "final_ensemble" in filter_string:
+            return Page(self.ensembles)
         return Page(self.runs if "final_seed" in filter_string else [])
 
     def get_metric_history(self, run_id, key):
@@ -57,6 +59,25 @@ def test_the_test_table_is_the_latest_finals_and_earlier_ones_are_listed_apart(t
     assert "over 3 seed(s)" in text and "over 6 seed(s)" not in text
     assert "| R@1 | 50.0 ± 0.0 |" in text  # the latest final's three seeds, not the mean with the first's 80.0
     assert "Earlier finals of this study, not in the table: 3 seed(s) at 32 epochs (R@1 80.0)." in text
+
+
+def test_a_final_of_the_races_tie_is_tabled_as_one_model_beside_each_members_own_scores(tmp_path, monkeypatch):
+    """Seeds 0, 1, 2 trained the race's tied candidates #14 (the pick), #3 and #2, registered as one model: the table
+    names the tie and gives the model's scores and each member's own, not "the best config" over 3 seeds."""
+    from study.report import finals
+
+    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out: [])
+    seeds = [seed_run(f"s{i}", 10 + i, "/runs/locks/final-1.lock", 32, recall) for i, recall in enumerate((0.80, 0.82, 0.78))]
+    for run, trial in zip(seeds, ("14", "3", "2"), strict=True):
+        run.data.tags["optuna_trial"] = trial
+    ensemble = seed_run("e", 20, "/runs/locks/final-1.lock", 32, 0.85)
+    ensemble.data.tags.update(kind="final_ensemble", trials="14 3 2", seeds="0 1 2")
+    ensemble.info.status, ensemble.info.run_name = "FINISHED", "final-s-ensemble"
+    parent = SimpleNamespace(info=SimpleNamespace(run_id="parent", experiment_id="0"), data=SimpleNamespace(tags={"study_name": "s"}))
+    text = markdown(study_finals(Client(seeds, [ensemble]), parent, tmp_path))
+    assert r"| metric (%) | the race's tie \#14, \#3, \#2 as one model | \#14 alone (the pick) | \#3 alone | \#2 alone |" in text
+    assert "| R@1 | **85.0 (n = 1)** | 80.0 (n = 1) | 82.0 (n = 1) | 78.0 (n = 1) |" in text
+    assert "best config" not in text
 
 
 class Artifacts:

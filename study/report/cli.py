@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return inputs.print_error(error)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    path = out / "report.md"
-    print(f"report: {path}" + ("" if args.no_log else f"  (also in MLflow run {parent.info.run_id}, artifacts report/)"))
+    print(f"report: {out / 'report.md'}, in one file with its pictures: {out / 'report.html'}")
+    if not args.no_log:
+        print(f"  also in MLflow run {parent.info.run_id}, artifacts report/ (report.html opens in the run's Artifacts tab)")
     return 0

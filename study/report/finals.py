@@ -65,15 +65,30 @@ def study_finals(client, parent, out: Path) -> list[Block]:
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
-    column = f"best config of {name}"
     return [
         heading,
-        *paper_table({column: [seed_metrics(r) for r in finals]}),
+        *paper_table(final_columns(client, parent, name, finals)),
         *earlier_finals(earlier),
         *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
-        *final_diagnostics(client, {column: finals}, out),
+        *final_diagnostics(client, {f"the final of {name}": finals}, out),
     ]
+
+
+def final_columns(client, parent, name: str, finals: list) -> dict[str, list[dict[str, float]]]:
+    """The test table's columns for the latest final's seed runs ``finals``: the pick over its seeds; or, where the
+    seeds trained the race's tie (tag ``optuna_trial``, several candidates), the tie as one model, then each member's
+    own model, so that the table says what the registered model is and what each member scored alone."""
+    trials = [r.data.tags.get("optuna_trial") for r in finals]
+    if len({t for t in trials if t is not None}) < 2:
+        return {f"the pick of {name}": [seed_metrics(r) for r in finals]}
+    numbers = ", ".join(f"#{t}" for t in trials)
+    ensembles = [r for r in tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="final_ensemble")]
+    done = [r for r in ensembles if r.info.status == "FINISHED" and r.data.tags.get("trials", "").split() == trials]
+    columns = {f"the race's tie {numbers} as one model": [seed_metrics(max(done, key=lambda r: r.info.start_time))] if done else []}
+    for i, (run, trial) in enumerate(zip(finals, trials, strict=True)):
+        columns[f"#{trial} alone{' (the pick)' if i == 0 else ''}"] = [seed_metrics(run)]
+    return columns
 
 
 def final_groups(runs: list) -> tuple[list, list[list]]:
