@@ -307,7 +307,7 @@ def read_study(run: Run, folder: Path) -> dict[str, Any]:
         "study": run.name, "seed": run.seed, "repeat": run.repeat, "wall_time_s": metrics.get("wall_time_s"),
         "utilization": metrics.get("utilization"), "n_complete": metrics.get("n_complete"), "n_pruned": metrics.get("n_pruned"),
         "confirmation_runs": metrics.get("confirmation_runs"), "picked_trial": number, "config": config,
-        "pick_mean": metrics.get(f"best_mean_{parent.data.params.get('metric', 'val_recall_at_1')}"), "selection": selection,
+        "pick_mean": metrics.get(f"pick_mean_{parent.data.params.get('metric', 'val_recall_at_1')}"), "selection": selection,
         "test": tests, "test_std": spreads, "ensemble_test": joint, "final_time_per_seed_s": metrics.get("final_time_per_seed_s_mean"),
         **trial_sequence(study),
     }  # fmt: skip

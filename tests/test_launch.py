@@ -134,7 +134,9 @@ def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
     }
     assert expected <= artifacts
     finals = [r.data.metrics["val_recall_at_1"] for r in children if r.data.tags["stopped_early"] == "false"]
-    assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(max(finals))
+    # no race here: the pick is the best single score, and the parent names it both ways
+    assert parent.data.metrics["pick_val_recall_at_1"] == pytest.approx(max(finals))
+    assert parent.data.metrics["best_single_val_recall_at_1"] == pytest.approx(max(finals))
     best = yaml.safe_load(
         open(
             mlflow.artifacts.download_artifacts(
@@ -142,7 +144,7 @@ def test_mlflow_parent_children_metrics_and_artifacts(two_node_study):
             )
         )
     )
-    best_run = [r for r in children if r.data.tags["trial_id"] == parent.data.tags["best_trial"]][0]
+    best_run = [r for r in children if r.data.tags["optuna_trial_number"] == parent.data.tags["picked_trial_number"]][0]
     assert best and all(best_run.data.params[k] == str(v) for k, v in best.items())  # the keys that apply, as the run had them
 
 
@@ -301,9 +303,12 @@ def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):
     assert means == sorted(means, reverse=True)
     assert all(len(e["scores"]) == 2 for e in selection["ranking"])
     winner = next(t for t in study.trials if t.number == selection["ranking"][0]["trial"])
-    assert parent.data.tags["best_trial"] == winner.user_attrs["tune_trial_id"]
-    assert parent.data.metrics["best_val_recall_at_1"] == pytest.approx(winner.value)
-    assert parent.data.tags["best_pick"] == selection["verdict"]
+    assert parent.data.tags["picked_trial_number"] == str(winner.number)
+    assert parent.data.metrics["pick_val_recall_at_1"] == pytest.approx(winner.value)
+    assert parent.data.metrics["pick_mean_val_recall_at_1"] == pytest.approx(selection["ranking"][0]["mean"])
+    singles = [t.value for t in study.trials if t.state.name == "COMPLETE"]
+    assert parent.data.metrics["best_single_val_recall_at_1"] == pytest.approx(max(singles))  # the race's pick or not
+    assert parent.data.tags["pick_verdict"] == selection["verdict"]
     # what study.final --study trains as one model: the candidates the race kept, the winner first, with their configs
     tied_file = mlflow.artifacts.download_artifacts(
         run_id=parent.info.run_id, artifact_path="tied_configs.yaml", tracking_uri=client.tracking_uri

@@ -131,8 +131,10 @@ def test_one_run_per_trial_with_its_params_and_epochs(tmp_path, mlflow_fake):
     assert set(trials) == {"a", "b"} and mlflow_fake.calls["create_run"] == 3  # the parent and one run per trial
     a, b = trials["a"], trials["b"]
     assert a.data.tags["mlflow.parentRunId"] == "run0" and a.data.tags["study_name"] == "s"
-    resolved = TrainConfig.from_dict({"lr": 0.01, "dataset": "synthetic"}).to_dict()  # every key, defaults filled in
-    assert a.data.params == {k: str(v) for k, v in resolved.items()}
+    resolved = TrainConfig.from_dict({"lr": 0.01, "dataset": "synthetic"}).to_dict()  # defaults filled in
+    # heated-up softmax with Adam and an fc embedding: ICE's scale, SGD's momentum and the dropout did not apply
+    assert a.data.params == {k: str(v) for k, v in resolved.items() if k not in ("ice_scale", "momentum", "dropout")}
+    assert a.data.tags["inactive_params"] == "ice_scale,dropout,momentum"
     assert a.data.tags["mlflow.runName"] == "trial-a"  # no Optuna storage on this parent: no number to name it by
     assert mlflow_fake.steps(a) == [1, 2] and mlflow_fake.steps(a, "val_recall_at_1") == [1, 2]
     assert a.data.tags["device"] == "cpu" and a.data.tags["trial_state"] == "COMPLETE"
@@ -615,3 +617,23 @@ def test_an_optuna_trial_a_kill_left_without_a_run_gets_a_failed_one_once(tmp_pa
     assert float(unstarted.data.params["lr"]) == study.trials[1].params["lr"]
     assert not client.get_metric_history(unstarted.info.run_id, "train_loss")  # it trained nothing
     assert children["t0"].info.status == "FINISHED" and children["t0"].data.tags["optuna_state"] == "COMPLETE"
+
+
+def test_a_runs_params_are_the_keys_its_config_trained_with_and_a_tag_names_the_others():
+    """Values a trial never used (ICE's scale on a softmax trial, heating on an ICE trial) are not logged, so MLflow's
+    tables and compare plots cannot show them as real; the sets below are written out from the rules of the config
+    (TrainConfig's docstring), not computed."""
+    from study.records.trials import config_params
+
+    ice = {"loss": "ice", "ice_scale": 32.0, "optimizer": "sgd", "lr_schedule": "cosine", "variant": "b"}
+    params, tags = config_params(ice)
+    unused = {"alpha", "learn_alpha", "heating", "heating_target", "heating_start", "weight_norm", "mean_proxy_weight"}
+    unused |= {"heating_lr_factor", "dropout"}  # the step schedule's factor, fc_dropout's rate
+    assert set(params) == (set(TrainConfig.keys()) - unused) | {"variant"}  # a variants space's name is always kept
+    assert (params["ice_scale"], params["momentum"], params["variant"]) == (32.0, 0.9, "b")
+    assert set(tags["inactive_params"].split(",")) == unused and set(tags["active_params"].split(",")) == set(params) - {"variant"}
+    plain = {"loss": "softmax", "heating": "none", "optimizer": "sgd", "lr_schedule": "constant", "backbone": "resnet18"}
+    params, tags = config_params(plain)
+    unused = {"ice_scale", "heating_target", "heating_start", "lr_decay_start", "heating_lr_factor", "dropout", "backbone_width"}
+    assert set(params) == set(TrainConfig.keys()) - unused and set(tags["inactive_params"].split(",")) == unused
+    assert config_params({"loss": "nosuchloss"}) == ({"loss": "nosuchloss"}, {})  # not a config: logged as given, no tags

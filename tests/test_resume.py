@@ -158,7 +158,7 @@ def test_sigkill_driver_in_the_search_and_in_the_re_runs_then_resume_completes_w
     assert any(int(r.data.tags.get("resumed_from_epoch", 0)) >= 1 for r in reruns)
     selection = study.user_attrs["selection"]
     assert [len(e["scores"]) for e in selection["ranking"]] == [2, 2]
-    assert parent.data.tags["best_pick"] == selection["verdict"]
+    assert parent.data.tags["pick_verdict"] == selection["verdict"]
 
 
 TIE = """

@@ -92,7 +92,7 @@ def test_the_pick_is_one_trial_in_optuna_on_the_parent_run_and_on_its_own_run(re
     first, final, files = note.split("\n\n")
     assert first.startswith(f"**Pick of study {STUDY}: {picked_run.info.run_name}** (Optuna trial {pick}, loss `{best['loss']}`)")
     assert f"mean {mean:.4f} ± {sem:.4f} (standard error) over 2 validation folds" in first
-    assert first.endswith(f"; {parent.data.tags['best_pick']}.")
+    assert first.endswith(f"; {parent.data.tags['pick_verdict']}.")
     assert final.startswith(f"Retrain and test it: `python -m study.final --study {STUDY}` (4 epochs;")  # smoke: final_budget_factor 1
     assert f"`python -m study.report --study {STUDY}`" in files
 

@@ -30,6 +30,7 @@ from study.inputs import UsageError
 from study.interrupts import StudyInterrupted, signal_name, uninterrupted
 from study.records import ending, locks, tracking
 from study.records.parent import mark_stopped
+from study.records.trials import config_params
 from trainables.core.config import TrainConfig, check_classes_per_batch
 from trainables.core.data import (
     DatasetSplits,
@@ -129,11 +130,13 @@ def open_parent(client: mlflow.MlflowClient, experiment_id: str, plan: FinalPlan
     tags = {**tracking.reproducibility_tags(), **owner, "kind": "final_grid" if plan.grid else "final"}
     if plan.grid:
         tags.update({"study_name": plan.run_name, "space": str(plan.space), "configurations": str(len(plan.configurations))})
+    trained: dict[str, Any] = {}
+    if not plan.grid:  # one configuration: the keys it trains with are the parent's params, as on a trial's run
+        trained, named = config_params(plan.configurations[0][1].to_dict())
+        tags.update(named)
     parent_id = client.create_run(experiment_id, run_name=plan.run_name, tags=tags).info.run_id
-    first = plan.configurations[0][1]
     params = [mlflow.entities.Param("seeds", ",".join(map(str, plan.seed_values())))]
-    if not plan.grid:
-        params += [mlflow.entities.Param(k, str(v)) for k, v in first.to_dict().items() if k != "seed"]
+    params += [mlflow.entities.Param(k, str(v)) for k, v in trained.items() if k != "seed"]
     client.log_batch(parent_id, params=params)
     return parent_id
 
@@ -186,7 +189,8 @@ class SeedRuns:
     def start(self, job: SeedJob) -> None:
         config, trial = job.config, self.plan.seed_trial(job.index)
         tags = {"kind": "final_seed", "seed": str(config.seed)} | ({"optuna_trial": str(trial)} if trial is not None else {})
-        self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), tags, config.to_dict())
+        params, named = config_params(config.to_dict())
+        self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), {**tags, **named}, params)
         self.jobs[job.index] = job
 
     def epoch(self, report: EpochReport) -> None:
@@ -239,9 +243,13 @@ class SeedRuns:
         seed_values = [c.seed for c in configs]
         tags, params = {"kind": "final_ensemble", "seeds": " ".join(map(str, seed_values))}, {"ensemble_seeds": len(members)}
         tied = [(self.plan.seed_trial(i), c) for i, c in zip(sorted(self.members), configs, strict=True)] if self.plan.members else None
-        if tied:
+        if tied:  # several configs in one model: no one config's keys as its params; each member's run holds its own
             tags["trials"] = params["ensemble_trials"] = " ".join(str(trial) for trial, _ in tied)
-        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, {**config.to_dict(), **params})
+            tags["members"] = "each member's config is its final_seed run's params (tag optuna_trial), and tied_configs.yaml"
+        else:
+            trained, named = config_params(config.to_dict())
+            params, tags = {**trained, **params}, {**tags, **named}
+        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, params)
         with killed_on_signal(run_id):
             bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
             info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
@@ -346,7 +354,12 @@ def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalRes
     client = mlflow.MlflowClient(uri)
     placement = placement_of(args, plan, device)
     first = plan.configurations[0][1]
-    what = f"{len(plan.configurations)} configurations of {plan.name}" if plan.grid else f"{plan.name}: {first.loss}"
+    if plan.grid:
+        what = f"{len(plan.configurations)} configurations of {plan.name}"
+    elif plan.members:  # the race's tie: several configs, one model
+        what = f"{plan.name}: the race's tie as one model, " + ", ".join(f"#{m.trial} {m.config.loss}" for m in plan.members)
+    else:
+        what = f"{plan.name}: {first.loss}"
     shown = "" if placement.address else f", device {device}"
     print(f"final training of {what} on {first.dataset}, {first.epochs} epochs, seeds {plan.seed_values()}{shown}")
     print(f"the seeds train {placement.describe()}", flush=True)

@@ -3,7 +3,7 @@
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
 (step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
-``study.search.trial.trial_outcome``), the config keys it trained with (tag ``active_params``: every key is a param) and a
+``study.search.trial.trial_outcome``), the config keys it trained with (tag ``active_params``; the params are those keys) and a
 final status (FINISHED, or FAILED with the reason). How the records reach MLflow, and wait while it is away, is
 ``study.records.trials.TrialRecorder``.
 """
@@ -21,9 +21,9 @@ from ray.tune import Callback
 
 from study.launch.heap import Releaser
 from study.launch.tunestate import KeepTuneState, drop_checkpoint_links, keep_checkpoint_links
-from study.records.ending import active_tag, failed_tags
+from study.records.ending import failed_tags
 from study.records.tracking import first_error_line
-from study.records.trials import TrialRecorder
+from study.records.trials import TrialRecorder, active_tag
 from study.search.race import planned_runs
 from study.search.trial import COMPLETE, FAIL, PRUNED, confirmed_trial, epochs_done, is_finite_number, train_part, trial_outcome
 
@@ -277,7 +277,8 @@ class Progress(Callback):
             value = (t.last_result or {}).get(self.metric)
             if state == COMPLETE and (best is None or (value > best[0] if self.mode == "max" else value < best[0])):
                 best = (value, t.trial_id)
-        best_text = f"best {self.metric} {best[0]:.4f} ({best[1]})" if best else "best: none complete yet"
+        # the best single score so far, named so: the study's pick is the race's, said at the end
+        best_text = f"best single {self.metric} {best[0]:.4f} ({best[1]})" if best else "best single: none complete yet"
         elapsed = time.time() - self.started
         left = self._time_left(trials, finished, running, reruns_running)
         left_text = f", ~{format_duration(left)} left" if left is not None else ""

@@ -27,16 +27,15 @@ from optuna.trial import FrozenTrial, TrialState
 from study import inputs
 from study.records import tracking
 from study.records.tracking import child_runs, first_error_line
-from study.records.trials import TrialRecorder, run_name
+from study.records.trials import TrialRecorder, active_tag, run_name
 from study.records.utilization import Utilization, study_utilization
 from study.search.race import Selection, selection_from_record, selection_record
 from study.search.trial import FAIL, epochs_spent, run_key
-from trainables.core.config import ConfigError, TrainConfig, applicable_keys
+from trainables.core.config import TrainConfig
 
 # The tag of a trial's (and a re-run's) MLflow run that lists, comma-separated, the config keys that changed how it trained
 # (trainables.core.config.applicable_keys): every key is a param of the run, an ICE trial's alpha and a softmax trial's
 # ice_scale included, and MLflow cannot take a param back. study.report shows only these.
-ACTIVE_PARAMS_TAG = "active_params"
 NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI (Markdown)
 
 
@@ -45,7 +44,7 @@ class StudySummary:
     """How a study ended: counts, the best trial and its config, the selection, and whether MLflow holds it all."""
 
     metrics: dict[str, float]  # n_trials, n_complete, n_pruned, n_failed, wall_time_s, epochs_spent (+ selection, utilization)
-    best: FrozenTrial | None  # the winner: the selection's, else the best complete trial
+    best: FrozenTrial | None  # the pick: the race's winner, else the best complete trial
     best_config: dict[str, Any] | None
     selection: Selection | None = None
     utilization: Utilization | None = None
@@ -58,6 +57,7 @@ class StudySummary:
     parent_run_id: str = ""
     experiment_id: str = ""  # the MLflow UI's page of the study's runs names it
     final_epochs: int | None = None  # what study.final --study trains the pick to
+    best_single: FrozenTrial | None = None  # the best single score of a complete trial (the pick only without a race)
 
 
 def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Selection | None = None) -> StudySummary:
@@ -71,9 +71,9 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
         selection = selection_from_record(study.user_attrs["selection"], mode)
     counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")}
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
-    best = None
+    best = single = None
     if complete:
-        best = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
+        best = single = max(complete, key=lambda t: t.value) if mode == "max" else min(complete, key=lambda t: t.value)
     if selection is not None:
         best = next(t for t in complete if t.number == selection.winner.key)
     metrics = {
@@ -88,7 +88,7 @@ def summarize_study(study: optuna.Study, mode: str, wall_s: float, selection: Se
         metrics["confirmation_runs"] = float(sum(len(c.scores) - 1 for c in selection.ranking))
         metrics["selection_lead_in_se"] = selection.lead_in_se
     best_config = best.user_attrs.get("config") if best else None
-    return StudySummary(metrics, best, best_config, selection)
+    return StudySummary(metrics, best, best_config, selection, best_single=single)
 
 
 def finish_study(
@@ -145,23 +145,6 @@ def describe_optuna_study(study: optuna.Study, parent_run_id: str, space: str, m
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([metric])
-
-
-def active_params(config: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """The config keys that change how ``config`` (a trial's config, or a run's params as strings) trains, in TrainConfig
-    order; None when its config keys do not make a valid TrainConfig (then no key can be said to be unused). Other keys
-    (a ``variants`` space's ``variant``) are not config keys: neither active nor inactive."""
-    known = set(TrainConfig.keys())
-    try:
-        return applicable_keys(TrainConfig.from_dict({k: v for k, v in (config or {}).items() if k in known}, source="trial config"))
-    except (ConfigError, TypeError, ValueError):
-        return None
-
-
-def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
-    """``{ACTIVE_PARAMS_TAG: the active keys, comma-separated}`` of a trial's config; {} when it is not a TrainConfig."""
-    active = active_params(config)
-    return {} if active is None else {ACTIVE_PARAMS_TAG: ",".join(active)}
 
 
 def failed_tags(reason: str, config: dict[str, Any] | None, optuna: bool = True) -> dict[str, str]:
@@ -359,12 +342,16 @@ def write_parent_summary(client, parent, summary: StudySummary, metric: str, pic
     and the description (``study_note``)."""
     parent_id, best, selection = parent.info.run_id, summary.best, summary.selection
     metrics = {k: v for k, v in summary.metrics.items() if math.isfinite(v)}
+    # "pick" is the study's choice (the race's, else the best complete trial); "best single" the top score of any one
+    # trial, which a race may not pick: two names, so that no page calls two numbers "best"
     if selection is not None:
-        metrics[f"best_mean_{metric}"] = selection.winner.mean
-        client.set_tag(parent_id, "best_pick", selection.verdict())
+        metrics[f"pick_mean_{metric}"] = selection.winner.mean
+        client.set_tag(parent_id, "pick_verdict", selection.verdict())
     if best is not None:
-        metrics[f"best_{metric}"] = float(best.value)
-        client.set_tag(parent_id, "best_trial", best.user_attrs.get("tune_trial_id", str(best.number)))
+        metrics[f"pick_{metric}"] = float(best.value)
+        client.set_tag(parent_id, "picked_trial_number", str(best.number))
+    if summary.best_single is not None:
+        metrics[f"best_single_{metric}"] = float(summary.best_single.value)
     if picked is not None:
         client.set_tag(parent_id, "picked_run", picked.info.run_id)
     picked_name = run_name("trial", picked.data.tags["trial_id"], best.number) if picked is not None else None

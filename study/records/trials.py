@@ -40,7 +40,7 @@ from study.lines import Spool
 from study.records.tracking import child_runs, first_error_line, runs_dir
 from study.records.utilization import epoch_times
 from study.search.journal import open_storage
-from trainables.core.config import ConfigError, TrainConfig
+from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,52 @@ def run_name(kind: str, trial_id: str, number: int | None) -> str:
 
 
 def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Every TrainConfig key of a trial's config, defaults filled in (the config as given when it does not validate)."""
+    """Every TrainConfig key of a trial's config, defaults filled in, then its keys that are no config key (a
+    ``variants`` space's ``variant``); the config as given when its config keys do not validate."""
+    known = set(TrainConfig.keys())
     try:
-        return TrainConfig.from_dict(dict(config), source="trial config").to_dict()
+        filled = TrainConfig.from_dict({k: v for k, v in config.items() if k in known}, source="trial config").to_dict()
     except ConfigError:
         return dict(sorted(config.items()))
+    return {**filled, **{k: v for k, v in config.items() if k not in known}}
+
+
+ACTIVE_PARAMS_TAG = "active_params"  # the config keys a trial trained with, comma-separated
+INACTIVE_PARAMS_TAG = "inactive_params"  # the config keys that did not apply to it: not logged as params
+
+
+def active_params(config: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The config keys that change how ``config`` (a trial's config, or a run's params as strings) trains, in TrainConfig
+    order; None when its config keys do not make a valid TrainConfig (then no key can be said to be unused). Other keys
+    (a ``variants`` space's ``variant``) are not config keys: neither active nor inactive."""
+    known = set(TrainConfig.keys())
+    try:
+        return applicable_keys(TrainConfig.from_dict({k: v for k, v in (config or {}).items() if k in known}, source="trial config"))
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
+    """``{ACTIVE_PARAMS_TAG: the active keys, comma-separated}`` of a trial's config; {} when it is not a TrainConfig."""
+    active = active_params(config)
+    return {} if active is None else {ACTIVE_PARAMS_TAG: ",".join(active)}
+
+
+def config_params(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A config's params as a run logs them (a trial's, a re-run's, a final seed's), and the tags that name them.
+
+    The params: the keys the config trains with (defaults filled in) and any key that is no config key (a ``variants``
+    space's ``variant``). A key that did not apply (the other loss's, a heating target without heating) is left out
+    and named in ``inactive_params``: a value the trial never used would look real in MLflow's tables and compare
+    plots. A config that does not validate logs as given."""
+    resolved = resolved_config(config)
+    active = active_params(resolved)
+    if active is None:
+        return resolved, {}
+    known = set(TrainConfig.keys())
+    params = {k: v for k, v in resolved.items() if k in active or k not in known}
+    inactive = [k for k in TrainConfig.keys() if k not in active]
+    return params, {ACTIVE_PARAMS_TAG: ",".join(active), INACTIVE_PARAMS_TAG: ",".join(inactive)}
 
 
 def writer_lock(spool: str, wait: bool) -> IO[str] | None:
@@ -103,8 +144,8 @@ def writer_lock(spool: str, wait: bool) -> IO[str] | None:
 class TrialRecorder:
     """Writes trial events to MLflow as child runs of a study (see the module docstring).
 
-    A search trial's run is named ``trial-<Optuna number>-<Tune trial id>`` and logs the trial's full resolved
-    config (every TrainConfig key) as params; with the study's ``optuna_storage`` (URL) the Optuna trial gets
+    A search trial's run is named ``trial-<Optuna number>-<Tune trial id>`` and logs the config keys the trial trained
+    with as params (``config_params``: the others named in a tag); with the study's ``optuna_storage`` (URL) the Optuna trial gets
     the run's id as its ``mlflow_run_id`` user attribute. ``connect(tracking_uri)`` makes the MLflow client.
     """
 
@@ -350,9 +391,10 @@ class TrialRecorder:
             if number is not None:
                 tags["optuna_trial_number" if kind == "trial" else "confirms_optuna_trial"] = str(number)
             name = run_name(kind, trial_id, number)
-            run = client.create_run(self.experiment_id, tags={**tags, "mlflow.runName": name}, run_name=name)
-            if config:
-                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in resolved_config(config).items()])
+            params, named = config_params(config) if config else ({}, {})
+            run = client.create_run(self.experiment_id, tags={**tags, **named, "mlflow.runName": name}, run_name=name)
+            if params:
+                client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
             if number is not None and kind == "trial":
                 self._link_optuna_trial(number, run.info.run_id)
             self.run_ids[trial_id] = run.info.run_id

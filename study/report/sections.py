@@ -11,9 +11,10 @@ import numpy as np
 import yaml
 
 from study import inputs, plots
-from study.records import artifacts, ending, tracking
+from study.records import artifacts, tracking
 from study.records.curves import draw_study_curves, metric_history, schedule_ends, study_rungs, trial_key, trial_state
 from study.records.study_record import StudyRecord
+from study.records.trials import ACTIVE_PARAMS_TAG, active_params
 from study.report.document import Block, Bullets, Code, Heading, Image, Inline, Paragraph, Preformatted, Strong, Table
 from study.search.race import selection_from_record, standing
 from study.search.schedulers import describe_rule
@@ -161,11 +162,11 @@ def trained_params(run) -> dict[str, str]:
     """The params of a trial's run that it trained with.
 
     Every config key is a param of the run, defaults included (an ICE trial's ``alpha``, a softmax trial's
-    ``ice_scale``); its tag ``active_params`` (``study.records.ending``) names the keys that applied, and for a run recorded
+    ``ice_scale``); its tag ``active_params`` (``study.records.trials``) names the keys that applied, and for a run recorded
     before that tag they are found from its params as the tag would say. A param that is no config key is always shown.
     """
-    tag = run.data.tags.get(ending.ACTIVE_PARAMS_TAG)
-    active = tag.split(",") if tag is not None else ending.active_params(run.data.params)
+    tag = run.data.tags.get(ACTIVE_PARAMS_TAG)
+    active = tag.split(",") if tag is not None else active_params(run.data.params)
     if active is None:
         return dict(run.data.params)
     return {k: v for k, v in run.data.params.items() if k in active or k not in CONFIG_KEYS}
