@@ -68,6 +68,17 @@ def test_the_report_page_shows_every_image_and_no_broken_link(finished, browser)
     missing = [h for h in local if not (page.parent / h.split("#")[0]).exists()]
     assert not missing, missing
     assert STUDY in browser.evaluate("document.body.innerText")
+    # a table wider than the window (the top trials' many columns, or MLflow's narrow artifact pane) scrolls within
+    # itself: the page never runs off its right edge (before, the top table was cut off at a 1,400 px window)
+    narrow = {"width": 480, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    browser.command("Emulation.setDeviceMetricsOverride", narrow, browser.session)
+    try:
+        browser.navigate(page.as_uri())
+        wait_for(lambda: browser.evaluate("document.readyState") == "complete", 60, "report.html to load at 480 px")
+        widths = browser.evaluate("[document.documentElement.scrollWidth, window.innerWidth, document.querySelectorAll('table').length]")
+        assert widths[2] >= 1 and widths[0] <= widths[1], widths
+    finally:
+        browser.command("Emulation.clearDeviceMetricsOverride", {}, browser.session)
 
 
 def answers(url: str) -> bool:

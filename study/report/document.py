@@ -153,7 +153,7 @@ def markdown(blocks: list[Block]) -> str:
 HTML_STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 1.5em auto; padding: 0 1em;
        color: #1b1f24; line-height: 1.45; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; display: block; max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #c9ced6; padding: 0.3em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f0f2f5; }
