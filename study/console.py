@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from study.records import store
-from study.records.tracking import runs_dir
+from study.records.tracking import runs_dir, study_view_page
 from study.records.trials import spool_path
 from study.search.race import standing, tie_member
 from trainables.core.config import TrainConfig, applicable_keys
@@ -190,9 +190,13 @@ def python_command(module: str) -> str:
 RUNS_PAGE = "#/experiments/{}/runs?workflowType=machine_learning"
 
 
-def ui_command(uri: str, experiment_id: str | None = None) -> str:
-    """How to open the MLflow UI on ``uri`` with this environment's mlflow, at the runs of ``experiment_id`` when given."""
-    page = RUNS_PAGE.format(experiment_id) if experiment_id else ""
+def ui_command(uri: str, experiment_id: str | None = None, study_name: str | None = None) -> str:
+    """How to open the MLflow UI on ``uri`` with this environment's mlflow, at the runs of ``experiment_id`` when given;
+    with ``study_name``, at that study's runs, the pick first (``study.records.tracking.study_view``)."""
+    if experiment_id and study_name:
+        page = study_view_page(experiment_id, study_name)
+    else:
+        page = RUNS_PAGE.format(experiment_id) if experiment_id else ""
     if uri.startswith(("http://", "https://")):
         return f"open {uri.rstrip('/')}/{page} in a browser"
     command = f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
@@ -271,7 +275,7 @@ def print_study_summary(outcome: StudySummary, metric: str) -> None:
         )
     shows = "the trials and their curves" if best is None else "top trials, the pick, importances, curves; once retrained, its test results"
     print(f"the report ({shows}; report.md and report.html):  {python_command('study.report')} {flags}")
-    print(f"open the MLflow UI:  {ui_command(outcome.uri, outcome.experiment_id)}")
+    print(f"open the MLflow UI at the study's runs, the pick first:  {ui_command(outcome.uri, outcome.experiment_id, study_name)}")
     log = log_path(study_name)
     if log.is_file():
         print(f"warnings and library logs: {log}")

@@ -94,7 +94,7 @@ def test_the_printed_mlflow_address_opens_the_runs_table_of_the_study(finished, 
     client = mlflow.MlflowClient(store)
     parent = client.search_runs([e.experiment_id for e in client.search_experiments()], f"tags.study_name = '{STUDY}'")
     parent = [r for r in parent if r.data.tags.get("kind") == "study"][0]
-    printed = console.ui_command(store, parent.info.experiment_id)  # what the study's last lines say
+    printed = console.ui_command(store, parent.info.experiment_id, STUDY)  # what the study's last lines say
     page = re.search(r"http://127\.0\.0\.1:5000/(\S+)$", printed).group(1)
     port = free_port()
     command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port)]
@@ -111,8 +111,15 @@ def test_the_printed_mlflow_address_opens_the_runs_table_of_the_study(finished, 
         row = f"document.querySelector('a[href*=\"/runs/{parent.info.run_id}\"]')"  # the study's parent run, a row
         wait_for(lambda: browser.evaluate(f"{row} !== null && /matching runs/.test(document.body.innerText)"), 180, "the runs table")
         text = browser.evaluate("document.body.innerText")
-        assert "Run Name" in text and STUDY in text  # the runs table (not the GenAI overview), with the study's parent
+        assert "Run Name" in text and STUDY in text  # the runs table, with the study's parent
+        assert "Judges" not in text  # the model-training views (GenAI's side bar lists Judges, Sessions, Prompts)
         assert re.search(r"\b4 matching runs", text), text[:2000]  # the parent and its 3 trials
+        # the pick is the first row, unfolded: its run's link comes before every other run's in the table
+        links = browser.evaluate(
+            "Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')).filter(h => /runs\\/[0-9a-f]{32}$/.test(h))"
+        )
+        assert links and links[0].endswith(parent.data.tags["picked_run"]), (links, parent.data.tags["picked_run"])
+        assert "picked" in text and "val_recall_at_1" in text  # the columns that tell the runs apart
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait()

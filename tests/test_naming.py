@@ -321,3 +321,5 @@ def test_the_ui_command_opens_the_runs_table_not_the_genai_views():
     )
     server = console.ui_command("http://10.0.0.1:5000/", "12")
     assert server == "open http://10.0.0.1:5000/#/experiments/12/runs?workflowType=machine_learning in a browser"
+    study = console.ui_command("http://10.0.0.1:5000/", "12", "s1")  # the study's shared view (tests/test_browser.py)
+    assert study == "open http://10.0.0.1:5000/#/experiments/12/runs?viewStateShareKey=s1&workflowType=machine_learning in a browser"

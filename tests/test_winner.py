@@ -187,7 +187,7 @@ def test_the_closing_lines_name_the_report_command_beside_the_final_one(rehearse
     lines = out.splitlines()
     final = next(i for i, line in enumerate(lines) if line.endswith(f"{console.python_command('study.final')} {flags}"))
     reported = next(i for i, line in enumerate(lines) if line.endswith(f"{console.python_command('study.report')} {flags}"))
-    ui = next(i for i, line in enumerate(lines) if line.startswith("open the MLflow UI:"))
+    ui = next(i for i, line in enumerate(lines) if line.startswith("open the MLflow UI at the study's runs, the pick first:"))
     assert final < reported < ui
 
 

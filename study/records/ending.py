@@ -320,7 +320,7 @@ def tag_training_runs(client, study: optuna.Study, children: dict, reruns: list,
                 **active_tag(run.data.params),  # the driver tags it as the trial ends; a study synced after an update has none
             }
             if run is picked:
-                tags["picked"] = "true"
+                tags[tracking.PICKED_TAG] = "true"
             if write_tags(client, run, tags):
                 changed.add(run.info.run_id)
     changed.update(run.info.run_id for run in reruns if write_tags(client, run, active_tag(run.data.params)))
@@ -354,6 +354,7 @@ def write_parent_summary(client, parent, summary: StudySummary, metric: str, pic
         metrics[f"best_single_{metric}"] = float(summary.best_single.value)
     if picked is not None:
         client.set_tag(parent_id, "picked_run", picked.info.run_id)
+    tracking.share_study_view(client, parent.info.experiment_id, parent.data.tags["study_name"], metric)  # a study begun before it
     picked_name = run_name("trial", picked.data.tags["trial_id"], best.number) if picked is not None else None
     client.set_tag(parent_id, NOTE_TAG, study_note(summary, metric, picked_name, parent.data.params.get("epochs")))
     for key, value in metrics.items():

@@ -60,6 +60,8 @@ def create_parent_run(client, experiment_id: str, study_name: str, space_path: s
     run_id = client.create_run(experiment_id, run_name=study_name, tags=tags).info.run_id
     client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
     client.log_artifact(run_id, space_path)
+    if "metric" in params:  # the runs table the study's printed URL opens (tracking.study_view)
+        tracking.share_study_view(client, experiment_id, study_name, str(params["metric"]))
     return run_id
 
 

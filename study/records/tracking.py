@@ -8,6 +8,7 @@ e.g. at the MLflow server of a cluster's head node.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -52,6 +53,36 @@ def configure_mlflow() -> None:
 # decides between its GenAI and model-training views): the commands print the runs page's address with
 # workflowType=machine_learning instead (console.ui_command).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
+# The MLflow UI opens a "shared view" named in its URL (viewStateShareKey=KEY) from the experiment's tag
+# mlflow.sharedViewState.KEY, a JSON of the runs table's search and columns; MLflow offers no public API for it, so
+# the keys below are those its UI reads (mlflow/server/js, MLflow 3). The runs list's expanded and pinned rows are
+# not part of a shared view: a search sorted by a column lists every run flat instead, nothing folded.
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+PICKED_TAG = "picked"  # "true" on the pick's trial run
+
+
+def study_view(study_name: str, metric: str) -> dict[str, Any]:
+    """The runs table of one study as the printed URL opens it: the study's runs only, flat, the pick first (sorted
+    by its tag ``picked``), the columns that tell them apart (the metric, the loss, the tag), every run in the charts."""
+    return {
+        "searchFilter": run_filter({"tags.study_name": study_name}),
+        "orderByKey": f"tags.`{PICKED_TAG}`",
+        "orderByAsc": False,
+        "selectedColumns": [f"metrics.`{metric}`", "params.`loss`", f"tags.`{PICKED_TAG}`"],
+        "runsHiddenMode": "SHOW_ALL",  # the chart view draws the first 10 runs by default
+    }
+
+
+def share_study_view(client: mlflow.MlflowClient, experiment_id: str, study_name: str, metric: str) -> None:
+    """Name ``study_view`` in the experiment's tags under the study's name (``study_view_page`` opens it)."""
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + study_name, json.dumps(study_view(study_name, metric)))
+
+
+def study_view_page(experiment_id: str, study_name: str) -> str:
+    """The MLflow UI page (after the server's address) of ``study_view``, in its model-training mode."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={study_name}&workflowType=machine_learning"
 
 
 def add_tracking_flags(add: Callable[..., Any], experiment_help: str, experiment_default: str | None = DEFAULT_EXPERIMENT) -> None:
