@@ -123,10 +123,13 @@ class Group:
         return int((self.path / "cpu.stat").read_text().split("usage_usec")[1].split()[0]) * 1e-6
 
     def remove(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:  # a process the command left running is still in it
-            pass
+        """Removes the group and the groups made inside it (tools/cpu_per_test.py leaves its own when a process a test
+        left was still in it), each once it is empty."""
+        for folder, _, _ in os.walk(self.path, topdown=False):
+            try:
+                os.rmdir(folder)
+            except OSError:  # a process the command left running is still in it
+                pass
 
 
 def sample(argv: list[str], every_s: float = 0.5, group: Group | None = None) -> dict:
