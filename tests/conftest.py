@@ -131,7 +131,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     count = config.stash.get(TIER_DESELECTED, 0)
     if count:
-        terminalreporter.write_line(f"{count} tests of the fault tier left out: `python -m pytest --all` runs both tiers")
+        tests = "test" if count == 1 else "tests"
+        terminalreporter.write_line(f"{count} {tests} of the fault tier left out: `python -m pytest --all` runs both tiers")
 
 
 def omniglot_root() -> Path | None:
