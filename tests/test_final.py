@@ -509,8 +509,9 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     assert client.get_run(ensemble_run).data.tags["trials"] == "4 7 4"
     version = client.get_model_version("s1-embedding", "1")
     assert version.run_id == ensemble_run
-    assert "tied candidates Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description
+    assert "tied candidates Optuna #4 (the pick, seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description
     assert "Config of Optuna #7, seed 1:" in version.description and "ice_scale: 32.0" in version.description
+    assert "| metric | this model | #4 alone (the pick) | #7 alone | #4 alone | members' mean |" in version.description
     assert "softmax and ice loss on synthetic" in version.description
     results = json.loads(download(uri, parent_id, "final_results.json", tmp_path / "dl").read_text())
     assert [(r["seed"], r["trial"]) for r in results["per_seed"]] == [(0, 4), (1, 7), (2, 4)]

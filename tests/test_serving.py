@@ -186,6 +186,22 @@ def test_version_description_names_origin_metrics_and_config():
     assert yaml.safe_load(text.split("```yaml\n")[1].split("```")[0]) == config.to_dict()
 
 
+def test_a_tie_is_described_as_one_model_of_named_members_with_their_own_scores():
+    """The race's tie registered as one model: each member named, the pick marked, the members' own test scores and
+    their mean (written out here) beside the model's, each config with only the keys it trained with."""
+    pick = TrainConfig.from_dict({**TINY, "loss": "softmax", "seed": 0})
+    other = TrainConfig.from_dict({**TINY, "loss": "ice", "ice_scale": 32.0, "seed": 1})
+    test = {"test_recall_at_1": 0.9, "test_map_at_r": 0.5}
+    members = [{"test_recall_at_1": 0.8, "test_map_at_r": 0.4}, {"test_recall_at_1": 0.7, "test_map_at_r": 0.45}]
+    text = pyfunc.version_description(pick, test, "study s1", "run9", [0, 1], [(14, pick), (3, other)], members)
+    assert "the study's tied candidates Optuna #14 (the pick, seed 0), Optuna #3 (seed 1) as one model" in text
+    assert "| metric | this model | #14 alone (the pick) | #3 alone | members' mean |" in text
+    assert "| recall_at_1 | 0.9000 | 0.8000 | 0.7000 | 0.7500 |" in text and "| map_at_r | 0.5000 | 0.4000 | 0.4500 | 0.4250 |" in text
+    blocks = [yaml.safe_load(part.split("```")[0]) for part in text.split("```yaml\n")[1:]]
+    assert [b["loss"] for b in blocks] == ["softmax", "ice"] and "alpha" not in blocks[1] and "ice_scale" not in blocks[0]
+    assert "Config of Optuna #14 (the pick), seed 0:" in text and "softmax and ice loss" in text
+
+
 def test_serve_commands_use_this_environment_and_an_absolute_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     serve, curl = serve_commands("sqlite:///runs/mlflow.db", "models:/s1-embedding/2", port=5001)

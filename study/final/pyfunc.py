@@ -210,22 +210,42 @@ def version_description(
     run_id: str,
     seeds: list[int] | None = None,
     tied: list[tuple[int, TrainConfig]] | None = None,
+    member_tests: list[dict[str, float]] | None = None,
 ) -> str:
     """Markdown for a registered model version: where it came from (one seed, the ensemble of ``seeds``, or of a study's
-    ``tied`` candidates: (Optuna trial, its config with its seed) each), its test metrics, its config(s)."""
+    ``tied`` candidates: (Optuna trial, its config with its seed) each, the pick first), its test metrics, its config(s).
+
+    A tie is described as one: each member named (the pick marked), its own test metrics beside the model's and the
+    members' mean (``member_tests``, in ``tied``'s order), and its config with only the keys it trained with."""
     import yaml
 
-    metrics = "\n".join(f"| {key.removeprefix('test_')} | {value:.4f} |" for key, value in sorted(test.items()))
+    from study.records.trials import config_params
+
+    keys = sorted(test)
+    columns = [("value", test)]
     which = f"seed {config.seed}" if not seeds else f"seeds {', '.join(map(str, seeds))} as one model (their embeddings side by side)"
-    configs = [("Config", config)]
+    configs = [("Config", config.to_dict())]
     if tied:
-        named = ", ".join(f"Optuna #{trial} (seed {member.seed})" for trial, member in tied)
+        named = ", ".join(f"Optuna #{trial} ({'the pick, ' if i == 0 else ''}seed {member.seed})" for i, (trial, member) in enumerate(tied))
         which = f"the study's tied candidates {named} as one model (their embeddings side by side)"
-        configs = [(f"Config of Optuna #{trial}, seed {member.seed}", member) for trial, member in tied]
-    shown = "\n".join(f"{title}:\n\n```yaml\n{yaml.safe_dump(c.to_dict(), sort_keys=False)}```\n" for title, c in configs)
-    losses = " and ".join(dict.fromkeys(c.loss for _, c in configs))  # a tie may hold both families
+        configs = [
+            (f"Config of Optuna #{trial}{' (the pick)' if i == 0 else ''}, seed {member.seed}", config_params(member.to_dict())[0])
+            for i, (trial, member) in enumerate(tied)
+        ]
+        if member_tests:
+            columns = [("this model", test)]
+            for i, ((trial, _), own) in enumerate(zip(tied, member_tests, strict=True)):
+                columns.append((f"#{trial} alone{' (the pick)' if i == 0 else ''}", own))
+            mean = {k: sum(m[k] for m in member_tests) / len(member_tests) for k in keys if all(k in m for m in member_tests)}
+            columns.append(("members' mean", mean))
+    header = "| metric | " + " | ".join(title for title, _ in columns) + " |\n|" + " --- |" * (len(columns) + 1)
+    rows = "\n".join(
+        f"| {k.removeprefix('test_')} | " + " | ".join(f"{c[k]:.4f}" if k in c else "-" for _, c in columns) + " |" for k in keys
+    )
+    shown = "\n".join(f"{title}:\n\n```yaml\n{yaml.safe_dump(c, sort_keys=False)}```\n" for title, c in configs)
+    losses = " and ".join(dict.fromkeys(c["loss"] for _, c in configs))  # a tie may hold both families
     return (
         f"Embedding model from {origin}; trained by study.final (run {run_id}), {which}, "
         f"{losses} loss on {config.dataset}.\n\n"
-        f"Test metrics on the unseen test classes:\n\n| metric | value |\n| --- | --- |\n{metrics}\n\n{shown}"
+        f"Test metrics on the unseen test classes:\n\n{header}\n{rows}\n\n{shown}"
     )

@@ -63,6 +63,7 @@ def link_metrics(
     origin: str,
     seeds: list[int] | None = None,
     tied: list[tuple[int, TrainConfig]] | None = None,
+    member_tests: list[dict[str, float]] | None = None,
 ) -> str | None:
     """Log ``test`` (the finite values) in the active run, linked to the logged model of ``info``; describe its registered
     version (one seed's, the ensemble of ``seeds``, or of a study's ``tied`` candidates). Returns models:/NAME/VERSION, or
@@ -74,7 +75,8 @@ def link_metrics(
     version = info.registered_model_version
     if not register or version is None:
         return None
-    description = version_description(config, linked, origin or "study.final", mlflow.active_run().info.run_id, seeds, tied)
+    run_id = mlflow.active_run().info.run_id
+    description = version_description(config, linked, origin or "study.final", run_id, seeds, tied, member_tests)
     mlflow.MlflowClient().update_model_version(register, str(version), description=description)
     return f"models:/{register}/{version}"
 
@@ -253,7 +255,8 @@ class SeedRuns:
         with killed_on_signal(run_id):
             bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
             info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
-            registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied)
+            member_tests = [self.results[i].test for i in sorted(self.members)] if tied else None
+            registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied, member_tests)
         width = sum(c.embedding_dim for c in configs)
         return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
 
