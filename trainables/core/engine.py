@@ -126,7 +126,8 @@ def loader_workers(requested: int | None, images: ImageSet, device: torch.device
     Photos on CUDA: ``cpus`` - 1, at least 1. The workers read, crop and resize while the GPU computes, and the
     training process keeps one CPU to launch its kernels. Everything else: 0, batches made in the training process
     between steps as before: on the CPU the model's compute uses the trial's every core (a worker would only take
-    them from it), and characters are decoded in memory already.
+    them from it; measured slower with one: docs/findings.md, engineering decisions), and characters are decoded in
+    memory already.
     """
     if requested is not None:
         return requested
