@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except UsageError as error:  # a name that breaks the name rule: one line, exit 2
         return inputs.print_error(error)
+    what = f"study {args.study}'s pick" if args.study else f"the space {args.space}" if args.space else "the config"
+    print(f"study.final: reading {what} and loading its data; training starts next", flush=True)  # at once, before the imports
     from study.final.run import run  # torch, MLflow and Ray load after the flags: --help and a bad flag answer at once
 
     return run(args)

@@ -216,6 +216,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    # at once, before the seconds of imports, checks and Ray's start that the study's own first line waits for
+    what = f"resuming study {args.study_name}: reading its record" if args.resume else "checking the space, the data and the stores"
+    where = f"joining the Ray cluster at {args.address}" if args.address else "starting a local Ray"
+    print(f"study.launch: {what}, then {where}", flush=True)
     from study.launch.run import (
         launch,  # MLflow, Optuna and Ray load after the flags: --help and a bad flag answer at once
     )
