@@ -190,17 +190,25 @@ def python_command(module: str) -> str:
 RUNS_PAGE = "#/experiments/{}/runs?workflowType=machine_learning"
 
 
-def ui_command(uri: str, experiment_id: str | None = None, study_name: str | None = None) -> str:
-    """How to open the MLflow UI on ``uri`` with this environment's mlflow, at the runs of ``experiment_id`` when given;
-    with ``study_name``, at that study's runs, the pick first (``study.records.tracking.study_view``)."""
+def ui_address(uri: str, experiment_id: str | None = None, study_name: str | None = None) -> tuple[str, str | None]:
+    """The MLflow UI's address for the store ``uri``: at the runs of ``experiment_id`` when given; with ``study_name``,
+    at that study's runs, the pick first (``study.records.tracking.study_view``). With it, the command that serves the
+    UI for a local store (None for a server, which serves its own)."""
     if experiment_id and study_name:
         page = study_view_page(experiment_id, study_name)
     else:
         page = RUNS_PAGE.format(experiment_id) if experiment_id else ""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri.rstrip('/')}/{page} in a browser"
-    command = f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
-    return f"{command}, then open http://127.0.0.1:5000/{page}" if page else command
+        return f"{uri.rstrip('/')}/{page}", None
+    return f"http://127.0.0.1:5000/{page}", f"{env_tool('mlflow')} ui --backend-store-uri {shlex.quote(uri)}"
+
+
+def ui_command(uri: str, experiment_id: str | None = None, study_name: str | None = None) -> str:
+    """How to open the MLflow UI on ``uri`` with this environment's mlflow (``ui_address``)."""
+    address, command = ui_address(uri, experiment_id, study_name)
+    if command is None:
+        return f"open {address} in a browser"
+    return f"{command}, then open {address}" if experiment_id else command
 
 
 def print_selection(selection: Selection, metric: str) -> None:

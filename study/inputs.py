@@ -63,6 +63,16 @@ def with_password(url: str, what: str) -> str:
     return _GIVEN[url]
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` without its ``user:password@`` part (an address to show as a link; the browser asks for the login)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def print_error(error: BaseException | str) -> int:
     """Bad input as the commands print it: one line ``error: ...`` on stderr, passwords redacted; returns exit status 2."""
     print(f"error: {redacted(str(error))}", file=sys.stderr)

@@ -67,6 +67,7 @@ def test_the_report_page_shows_every_image_and_no_broken_link(finished, browser)
     local = [h for h in links if not re.match(r"^(https?:|mailto:|#)", h)]
     missing = [h for h in local if not (page.parent / h.split("#")[0]).exists()]
     assert not missing, missing
+    assert any(f"viewStateShareKey={STUDY}&" in h for h in links), links  # the study's runs in MLflow, the pick first
     assert STUDY in browser.evaluate("document.body.innerText")
     # a table wider than the window (the top trials' many columns, or MLflow's narrow artifact pane) scrolls within
     # itself: the page never runs off its right edge (before, the top table was cut off at a 1,400 px window)

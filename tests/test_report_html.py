@@ -583,3 +583,18 @@ def test_the_pick_section_names_the_confirmation_means_and_the_verdict():
     # trial-6 had the best single score (0.9796) but not the best mean: the section says why it is not the pick
     assert "best mean" in text
     assert pick_section(None, {}) == []  # a grid, or --confirm-budget 0: nothing raced
+
+
+def test_the_report_links_the_studys_runs_in_mlflow_without_the_servers_password(tmp_path):
+    """report.md and report.html link the page the study's closing lines print (its runs, the pick first); a server's
+    login stays out of the link, and a local store's link says what serves it."""
+    from study.report.finals import mlflow_link
+
+    url = "http://mlflow.example:5000/#/experiments/7/runs?viewStateShareKey=s1&workflowType=machine_learning"
+    served = mlflow_link("http://alice:s3cret@mlflow.example:5000", "7", "s1")
+    text, page = markdown([served]), html_page([served], tmp_path, "t")
+    assert f"(<{url}>)" in text and f'<a href="{html_escape(url, quote=True)}">' in page
+    assert "s3cret" not in text + page and "alice" not in text + page
+    local = markdown([mlflow_link(f"sqlite:///{tmp_path}/mlflow.db", "7", "s1")])
+    assert "(<http://127.0.0.1:5000/#/experiments/7/runs?viewStateShareKey=s1&workflowType=machine_learning>)" in local
+    assert f"ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in local  # served by mlflow ui on the store

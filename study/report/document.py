@@ -30,7 +30,15 @@ class Strong:
     text: str
 
 
-Inline = str | Code | Strong | tuple  # a tuple: a run of these
+@dataclass(frozen=True)
+class Link:
+    """A link to ``url`` (the MLflow UI's page of the study), shown as ``text``."""
+
+    text: str
+    url: str
+
+
+Inline = str | Code | Strong | Link | tuple  # a tuple: a run of these
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,8 @@ def _md_inline(text: Inline, in_table: bool = False) -> str:
         return "".join(_md_inline(part, in_table) for part in text)
     if isinstance(text, Strong):
         return f"**{md_text(text.text)}**"
+    if isinstance(text, Link):
+        return f"[{md_text(text.text)}](<{text.url}>)"
     if isinstance(text, Code):  # no escapes inside a code span: its fence is longer than any run of backticks in it
         body = " ".join(text.text.splitlines())
         fence = _fence(body, 1)
@@ -171,6 +181,9 @@ def _html_inline(text: Inline) -> str:
         return "".join(map(_html_inline, text))
     if isinstance(text, Strong):
         return f"<strong>{html.escape(text.text)}</strong>"
+    if isinstance(text, Link):
+        return f'<a href="{html.escape(text.url, quote=True)}">{html.escape(text.text)}</a>'
+
     if isinstance(text, Code):
         return f"<code>{html.escape(text.text)}</code>"
     return html.escape(str(text))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from study import plots
+from study import console, inputs, plots
 from study.records import tracking
 from study.records.curves import CURVE_KEYS, PrefetchedHistories, metric_history, trial_key, trial_state
 from study.records.study_record import StudyRecord
-from study.report.document import Block, Bullets, Code, Heading, Image, Paragraph, Table, html_page, markdown
+from study.report.document import Block, Bullets, Code, Heading, Image, Link, Paragraph, Table, html_page, markdown
 from study.report.sections import (
     TABLE_METRICS,
     best_config,
@@ -138,10 +138,18 @@ def study_report(client, parent, out: Path, top: int) -> list[str]:
     return markdown(study_sections(client, parent, out, top)).splitlines()
 
 
+def mlflow_link(uri: str, experiment_id: str, study_name: str) -> Paragraph:
+    """The MLflow UI's page of the study's runs (the address its closing lines print), and what serves a local store."""
+    address, serve = console.ui_address(inputs.without_userinfo(uri), experiment_id, study_name)
+    served = (" (served by ", Code(serve), ")") if serve else ()
+    return Paragraph(("The study's runs in MLflow, the pick first: ", Link(address, address), *served))
+
+
 def study_sections(client, parent, out: Path, top: int) -> list[Block]:
     """The blocks of a study's report, its PNGs written into ``out``; its settings are its record (study.records.study_record)."""
     record = StudyRecord.from_params(parent.data.params, where=f"study {parent.data.tags['study_name']!r}")
     metric = record.metric
+    runs_link = mlflow_link(client.tracking_uri, parent.info.experiment_id, parent.data.tags["study_name"])
     trials = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="trial")
     client = PrefetchedHistories(client, trials, [metric, *CURVE_KEYS])
     histories = {trial_key(r): metric_history(client, r.info.run_id, metric) for r in trials}
@@ -151,6 +159,7 @@ def study_sections(client, parent, out: Path, top: int) -> list[Block]:
     numbers = {int(r.data.tags["optuna_trial_number"]): trial_key(r) for r in trials if "optuna_trial_number" in r.data.tags}
     return [
         *study_header(parent, record),
+        runs_link,
         *top_trials(trials, histories, states, metric, record.mode, top),
         *pick_section(selection, numbers),
         *best_config(client, parent, out, picked=selection is not None, final_epochs=record.final_epochs),
