@@ -146,6 +146,20 @@ def test_a_library_that_raises_its_own_keyboard_interrupt_for_the_signal_still_n
     assert (signal_name(KeyboardInterrupt()), exit_code(KeyboardInterrupt())) == ("SIGINT", 130)  # a Ctrl-C, no handlers
 
 
+def assert_resumed_to_the_end(runs, env: dict, name: str) -> None:
+    """``--resume`` of the stopped two-trial study ends it: exit 0, the parent FINISHED with no failure reason, both
+    trials COMPLETE, each one FINISHED run."""
+    resumed = subprocess.run(
+        [sys.executable, "-m", "study.launch", "--study-name", name, "--resume"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, parent, children, study = study_records(runs, name)
+    assert parent[0].info.status == "FINISHED" and "failure_reason" not in parent[0].data.tags
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+
+
 @pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "whole_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
@@ -172,15 +186,7 @@ def test_signal_stops_the_study_resumably_and_resume_completes_it(runs, signum, 
     assert all(r.info.status != "RUNNING" for r in children)  # nothing left RUNNING
     assert not any(t.state.name == "FAIL" for t in study.trials)  # interrupted trials stay open for the resume
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "study.launch", "--study-name", name, "--resume"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    client, parent, children, study = study_records(runs, name)
-    assert parent[0].info.status == "FINISHED" and "failure_reason" not in parent[0].data.tags
-    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+    assert_resumed_to_the_end(runs, env, name)
 
 
 @pytest.mark.faults
@@ -210,15 +216,7 @@ def test_a_driver_killed_by_a_fatal_signal_says_so_in_one_line_and_the_log_holds
     stack = log.read_text().split("Fatal Python error: Segmentation fault", 1)[1]
     assert "most recent call first" in stack and "study/launch/run.py" in stack, stack[:3000]
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "study.launch", "--study-name", name, "--resume"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, start_new_session=True,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    client, parent, children, study = study_records(runs, name)
-    assert parent[0].info.status == "FINISHED"
-    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+    assert_resumed_to_the_end(runs, env, name)
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
