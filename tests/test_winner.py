@@ -123,12 +123,21 @@ def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
             listed = json.load(page)["study_summaries"]
         study_id = next(s["study_id"] for s in listed if s["study_name"] == STUDY)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}?after=0", timeout=30) as page:
-            shown = {attr["key"]: attr["value"] for attr in json.load(page)["user_attrs"]}
+            detail = json.load(page)
+        shown = {attr["key"]: attr["value"] for attr in detail["user_attrs"]}
     finally:
         dashboard.terminate()
         dashboard.wait(30)
     assert shown["picked_trial"] == str(study.user_attrs["picked_trial"])
     assert float(shown["picked_confirmation_mean"]) == pytest.approx(study.user_attrs["picked_confirmation_mean"])
+    # the study's note names the pick and how the dashboard's Best Trial badge (the best single score) relates to it
+    note = detail["note"]["body"]
+    assert note.startswith(f"## The study's pick: trial {study.user_attrs['picked_trial']}\n"), note
+    single = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    if single.number != study.user_attrs["picked_trial"]:
+        assert f"The Best Trial badge marks trial {single.number}, the best single score" in note
+    else:
+        assert "It is also the best single score" in note
 
 
 @pytest.mark.faults

@@ -169,16 +169,40 @@ def mark_pick(study: optuna.Study, summary: StudySummary) -> None:
 
     On the study, not the trial: Optuna refuses to change a finished trial (``UpdateFinishedTrialError``, from
     ``Trial.set_user_attr`` and from the storage alike), and the pick is made after every trial has finished.
-    Written only where they differ, so a study synced again writes nothing.
+    Written only where they differ, so a study synced again writes nothing; with them, optuna-dashboard's study note
+    (``dashboard_note``).
     """
     if summary.best is None:
         return
     attrs: dict[str, Any] = {"picked_trial": summary.best.number}
     if summary.selection is not None:
         attrs["picked_confirmation_mean"] = summary.selection.winner.mean
-    for key, value in attrs.items():
-        if study.user_attrs.get(key) != value:
-            study.set_user_attr(key, value)
+    changed = {key: value for key, value in attrs.items() if study.user_attrs.get(key) != value}
+    for key, value in changed.items():
+        study.set_user_attr(key, value)
+    if changed:
+        dashboard_note(study, summary)
+
+
+def dashboard_note(study: optuna.Study, summary: StudySummary) -> None:
+    """The pick as optuna-dashboard's note on the study, and how it relates to the dashboard's "Best Trial" badge (the
+    best single score). Written with the dashboard's public ``save_note``; nothing without the dashboard installed
+    (the dev extra), where no page would show it."""
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    pick, single, selection = summary.best, summary.best_single, summary.selection
+    lines = [f"## The study's pick: trial {pick.number}", ""]
+    if selection is not None:
+        winner = selection.winner
+        lines.append(f"The race's winner: mean {winner.mean:.4f} over {len(winner.scores)} validation folds; {selection.verdict()}.")
+    if single is not None and single.number != pick.number:
+        lines.append(f"The Best Trial badge marks trial {single.number}, the best single score ({single.value:.4f}), not the pick.")
+    else:
+        lines.append("It is also the best single score, which the Best Trial badge marks.")
+    lines.append("The study's user attributes `picked_trial` and `picked_confirmation_mean` name it; `study.final --study` retrains it.")
+    save_note(study, "\n".join(lines))
 
 
 FINAL_MARK = "**Retrained by study.final**"  # opens the description's last paragraph, written by study.final --study
