@@ -507,6 +507,8 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     models = {m.source_run_id: m for m in client.search_logged_models([study_parent.info.experiment_id])}
     ensemble_run = assert_ensemble_is_the_seeds_side_by_side(uri, study_parent, seed_runs, models, dims=[16, 8, 16])
     assert client.get_run(ensemble_run).data.tags["trials"] == "4 7 4"
+    pictures = {a.path for a in client.list_artifacts(ensemble_run)}  # the registered model's own, which the report shows
+    assert {"retrieval_grid_ensemble.png", "tsne_ensemble.png"} <= pictures, pictures
     version = client.get_model_version("s1-embedding", "1")
     assert version.run_id == ensemble_run
     assert "tied candidates Optuna #4 (the pick, seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in version.description

@@ -50,7 +50,7 @@ def test_the_test_table_is_the_latest_finals_and_earlier_ones_are_listed_apart(t
     """Before: a later final at 8 epochs was averaged with the first at 32, "over 6 seed(s)"."""
     from study.report import finals
 
-    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out: [])
+    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out, models=None: [])
     monkeypatch.setattr(finals, "ensemble_line", lambda client, parent: [])
     first = [seed_run(f"a{i}", 10 + i, "/runs/locks/final-1.lock", 32, 0.8) for i in range(3)]
     second = [seed_run(f"b{i}", 100 + i, "/runs/locks/final-2.lock", 8, 0.5) for i in range(3)]
@@ -66,7 +66,7 @@ def test_a_final_of_the_races_tie_is_tabled_as_one_model_beside_each_members_own
     names the tie and gives the model's scores and each member's own, not "the best config" over 3 seeds."""
     from study.report import finals
 
-    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out: [])
+    monkeypatch.setattr(finals, "final_diagnostics", lambda client, groups, out, models=None: [])
     seeds = [seed_run(f"s{i}", 10 + i, "/runs/locks/final-1.lock", 32, recall) for i, recall in enumerate((0.80, 0.82, 0.78))]
     for run, trial in zip(seeds, ("14", "3", "2"), strict=True):
         run.data.tags["optuna_trial"] = trial
@@ -121,3 +121,28 @@ def test_a_study_without_a_race_has_no_selection(tmp_path):
     from study.report.sections import recorded_selection
 
     assert recorded_selection(Artifacts(None), PARENT, tmp_path) is None
+
+
+def test_the_embedding_pictures_are_the_registered_models_where_it_has_them(tmp_path):
+    """A final of several seeds registers them as one model: its retrieval grid and t-SNE map, not seed 0's."""
+    from study.report.finals import embedding_section, slug
+
+    class Pictures:
+        def list_artifacts(self, run_id):
+            return [SimpleNamespace(path=f"retrieval_grid_{run_id}.png"), SimpleNamespace(path=f"tsne_{run_id}.png")]
+
+        def download_artifacts(self, run_id, path, dst):
+            Path(dst).mkdir(parents=True, exist_ok=True)
+            (Path(dst) / path).write_bytes(run_id.encode())
+            return str(Path(dst) / path)
+
+    seeds = [seed_run(f"seed{i}", 10 + i, None, 32, 0.8) for i in range(3)]
+    for i, run in enumerate(seeds):
+        run.data.tags["seed"] = str(i)
+    model = seed_run("ensemble", 20, None, 32, 0.85)
+    model.data.tags["seeds"] = "0 1 2"
+    blocks = markdown(embedding_section(Pictures(), {"the final of s": seeds}, tmp_path, {"the final of s": model}))
+    assert "the final of s (the registered model, seeds 0 1 2 as one), test queries" in blocks
+    assert (tmp_path / f"retrieval_grid_{slug('the final of s')}.png").read_bytes() == b"ensemble"
+    alone = markdown(embedding_section(Pictures(), {"the final of s": seeds}, tmp_path, {}))  # one seed: nothing registered as one
+    assert "the final of s (seed 0), test queries" in alone and (tmp_path / f"tsne_{slug('the final of s')}.png").read_bytes() == b"seed0"

@@ -14,9 +14,7 @@ import torch
 
 from study.final.results import EpochReport, SeedJob, SeedOutput
 from study.plots import pair_similarities, retrieval_examples, retrieval_grid, similarity_histogram, tsne_map
-from trainables.core.data import (
-    DatasetSplits,
-)
+from trainables.core.data import DatasetSplits, ImageSet
 from trainables.core.engine import Run, fit
 
 
@@ -45,7 +43,10 @@ def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochRep
             Path(tmp) / f"similarity_histogram_seed{config.seed}.png",
             title=f"test pair similarities, seed {config.seed}",
         )
-        pictures = {path.name: path.read_bytes() for path in (histogram, *seed_pictures(run, embeddings, Path(tmp)))}
+        gallery = None if run.embeddings.gallery is None else run.embeddings.gallery.numpy()
+        what, stem = f"seed {config.seed}", f"seed{config.seed}"
+        drawn = test_pictures(run.eval_set, run.gallery, embeddings, gallery, config.seed, what, stem, Path(tmp))
+        pictures = {path.name: path.read_bytes() for path in (histogram, *drawn)}
     similarity = {"test_positive_similarity_mean": float(positive.mean()), "test_negative_similarity_mean": float(negative.mean())}
     bundle = {k: v for k, v in run.bundle().items() if k not in TRAINING_STATE}
     bundle["model"] = {k: v.detach().cpu() for k, v in bundle["model"].items()}  # a GPU's weights, read by a driver without one
@@ -55,14 +56,22 @@ def train_seed(job: SeedJob, splits: DatasetSplits, on_epoch: Callable[[EpochRep
 TRAINING_STATE = ("optimizer", "rng", "sampler", "loss")  # what a run's bundle holds to continue training; the model needs none
 
 
-def seed_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> tuple[Path, Path]:
-    """The retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings`` (the test set's).
+def test_pictures(
+    queries_set: ImageSet,
+    gallery: ImageSet | None,
+    embeddings: np.ndarray,
+    gallery_embeddings: np.ndarray | None,
+    seed: int,
+    what: str,
+    stem: str,
+    workdir: Path,
+) -> tuple[Path, Path]:
+    """The retrieval grid (8 test queries of different classes, their top 8) and a t-SNE map of ``embeddings``, (N, D)
+    of ``queries_set``: a seed's model's (``what`` "seed 0") or the seeds' as one model's ("the final model").
 
-    ``study.report`` shows both; neighbours come from the gallery where the dataset has one (its embeddings: the
-    run's final evaluation's, as the queries').
+    ``study.report`` shows both; neighbours come from ``gallery`` where the dataset has one (``gallery_embeddings``,
+    (M, D)). Files ``retrieval_grid_<stem>.png`` and ``tsne_<stem>.png``.
     """
-    seed, queries_set, gallery = run.config.seed, run.eval_set, run.gallery
-    gallery_embeddings = None if run.embeddings.gallery is None else run.embeddings.gallery.numpy()
     queries, neighbours = retrieval_examples(embeddings, queries_set.labels, seed=seed, gallery_embeddings=gallery_embeddings)
     source = queries_set if gallery is None else gallery
     correct = np.asarray(source.labels)[neighbours] == np.asarray(queries_set.labels)[queries][:, None]
@@ -70,7 +79,7 @@ def seed_pictures(run: Run, embeddings: np.ndarray, workdir: Path) -> tuple[Path
         [queries_set.load(int(q)) for q in queries],
         [[source.load(int(j)) for j in row] for row in neighbours],
         correct,
-        workdir / f"retrieval_grid_seed{seed}.png",
-        title=f"test retrieval, seed {seed}: query, then its 8 nearest neighbours ({int((~correct).sum())} of {correct.size} wrong: red)",
+        workdir / f"retrieval_grid_{stem}.png",
+        title=f"test retrieval, {what}: query, then its 8 nearest neighbours ({int((~correct).sum())} of {correct.size} wrong: red)",
     )
-    return grid, tsne_map(embeddings, queries_set.labels, workdir / f"tsne_seed{seed}.png", seed=seed)
+    return grid, tsne_map(embeddings, queries_set.labels, workdir / f"tsne_{stem}.png", seed=seed)

@@ -24,7 +24,7 @@ from study.final import placement as placing
 from study.final.placement import EpochReport, Placement, SeedJob, SeedOutput
 from study.final.plan import FinalPlan, make_plan
 from study.final.results import ConfigurationResult, EnsembleResult, FinalResult, SeedResult, summarize
-from study.final.seed import train_seed
+from study.final.seed import test_pictures, train_seed
 from study.final.serving import served_model
 from study.inputs import UsageError
 from study.interrupts import StudyInterrupted, signal_name, uninterrupted
@@ -237,9 +237,9 @@ class SeedRuns:
         from study.final.pyfunc import log_embedding_model
 
         members = [self.members[i] for i in sorted(self.members)]
+        joined = concatenated([embeddings for _, embeddings in members])
         test = score(
-            concatenated([embeddings for _, embeddings in members]), splits.test, splits.gallery,
-            prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
+            joined, splits.test, splits.gallery, prefix="test", ks=splits.recall_ks, seed=config.seed, one_shot_ways=ONE_SHOT_WAYS,
         )  # fmt: skip
         configs = [self.jobs[i].config for i in sorted(self.members)]
         seed_values = [c.seed for c in configs]
@@ -257,6 +257,11 @@ class SeedRuns:
             info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
             member_tests = [self.results[i].test for i in sorted(self.members)] if tied else None
             registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied, member_tests)
+            # the registered model's own retrieval grid and t-SNE map, which the report shows (not seed 0's)
+            gallery = None if joined.gallery is None else joined.gallery.numpy()
+            what = "the final model, the seeds as one"
+            for path in test_pictures(splits.test, splits.gallery, joined.queries.numpy(), gallery, config.seed, what, "ensemble", workdir):
+                mlflow.log_artifact(str(path))
         width = sum(c.embedding_dim for c in configs)
         return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
 

@@ -65,14 +65,24 @@ def study_finals(client, parent, out: Path) -> list[Block]:
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
+    label = f"the final of {name}"
     return [
         heading,
         *paper_table(final_columns(client, parent, name, finals)),
         *earlier_finals(earlier),
         *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
-        *final_diagnostics(client, {f"the final of {name}": finals}, out),
+        *final_diagnostics(client, {label: finals}, out, {label: final_model(client, parent, finals)}),
     ]
+
+
+def final_model(client, parent, finals: list):
+    """The run of the model the final of the seed runs ``finals`` registered, the seeds as one (the latest finished
+    ``final_ensemble`` run started after them); None where there is none (one seed, or the final was stopped)."""
+    since = min(r.info.start_time for r in finals)
+    runs = tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="final_ensemble")
+    done = [r for r in runs if r.info.status == "FINISHED" and r.info.start_time >= since]
+    return max(done, key=lambda r: r.info.start_time) if done else None
 
 
 def final_columns(client, parent, name: str, finals: list) -> dict[str, list[dict[str, float]]]:
@@ -83,9 +93,8 @@ def final_columns(client, parent, name: str, finals: list) -> dict[str, list[dic
     if len({t for t in trials if t is not None}) < 2:
         return {f"the pick of {name}": [seed_metrics(r) for r in finals]}
     numbers = ", ".join(f"#{t}" for t in trials)
-    ensembles = [r for r in tracking.child_runs(client, parent.info.experiment_id, parent.info.run_id, kind="final_ensemble")]
-    done = [r for r in ensembles if r.info.status == "FINISHED" and r.data.tags.get("trials", "").split() == trials]
-    columns = {f"the race's tie {numbers} as one model": [seed_metrics(max(done, key=lambda r: r.info.start_time))] if done else []}
+    model = final_model(client, parent, finals)
+    columns = {f"the race's tie {numbers} as one model": [seed_metrics(model)] if model is not None else []}
     for i, (run, trial) in enumerate(zip(finals, trials, strict=True)):
         columns[f"#{trial} alone{' (the pick)' if i == 0 else ''}"] = [seed_metrics(run)]
     return columns
@@ -208,8 +217,9 @@ def similarity_histograms(client, groups: dict[str, list], out: Path) -> list[Bl
     return blocks
 
 
-def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[Block]:
-    """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration."""
+def final_diagnostics(client, groups: dict[str, list], out: Path, models: dict | None = None) -> list[Block]:
+    """Pair-similarity statistics, histograms and the mean-proxy norm over training of final runs, per configuration;
+    the pictures of ``models`` (a configuration's seeds-as-one-model run) where given, else of its first seed."""
     proxy = {  # mean_proxy_norm: its name in records written before the train_ prefix
         conf: mean_over_seeds(client, runs, "train_mean_proxy_norm") or mean_over_seeds(client, runs, "mean_proxy_norm")
         for conf, runs in groups.items()
@@ -225,7 +235,7 @@ def final_diagnostics(client, groups: dict[str, list], out: Path) -> list[Block]
         *pair_similarity_table(groups, proxy),
         norm,
         *similarity_histograms(client, groups, out),
-        *embedding_section(client, groups, out),
+        *embedding_section(client, groups, out, models or {}),
     ]
 
 
@@ -235,18 +245,22 @@ PICTURES = (  # artifacts of a study.final seed run: (file name prefix, what it 
 )
 
 
-def embedding_section(client, groups: dict[str, list], out: Path) -> list[Block]:
-    """The retrieval grid and the t-SNE map that study.final logged for each configuration's first seed."""
+def embedding_section(client, groups: dict[str, list], out: Path, models: dict) -> list[Block]:
+    """The retrieval grid and the t-SNE map that study.final logged for each configuration: of the model it registered
+    (``models``: the seeds as one, its run), else of its first seed."""
     blocks: list[Block] = []
     for conf, runs in groups.items():
-        first = min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
-        logged = [a.path for a in client.list_artifacts(first.info.run_id)]
+        model = models.get(conf)
+        source = model or min(runs, key=lambda r: int(r.data.tags.get("seed", 0)))
+        seeds = model.data.tags.get("seeds", "") if model else ""
+        whose = f"the registered model, seeds {seeds} as one" if model else f"seed {source.data.tags.get('seed')}"
+        logged = [a.path for a in client.list_artifacts(source.info.run_id)]
         for prefix, caption in PICTURES:
             names = [name for name in logged if name.startswith(prefix) and name.endswith(".png")]
             if names:
                 target = out / f"{prefix}_{slug(conf)}.png"
-                Path(client.download_artifacts(first.info.run_id, names[0], str(out / "tmp"))).replace(target)
-                blocks += [Paragraph(f"{conf} (seed {first.data.tags.get('seed')}), {caption}:"), Image(target, prefix)]
+                Path(client.download_artifacts(source.info.run_id, names[0], str(out / "tmp"))).replace(target)
+                blocks += [Paragraph(f"{conf} ({whose}), {caption}:"), Image(target, prefix)]
     return blocks
 
 
