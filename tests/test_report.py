@@ -490,6 +490,7 @@ def test_importances_are_computed_per_loss_family_and_the_page_says_on_which_tri
     text = markdown(importance_section(None, parent, record, tmp_path))
     assert "### loss softmax: 8 complete trials" in text and "### loss ice: 8 complete trials" in text
     assert "Computed per loss family, on its complete trials" in text
+    assert "optuna-dashboard's Hyperparameter Importance pools the trials of both families" in text  # which trials each page uses
     assert text.index("| alpha |") < text.index("### loss ice") < text.index("| ice_scale |")
     assert (tmp_path / "param_importances.png").is_file()
 

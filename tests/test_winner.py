@@ -138,6 +138,7 @@ def test_optuna_dashboard_as_the_readme_runs_it_shows_the_pick(rehearsed):
         assert f"The Best Trial badge marks trial {single.number}, the best single score" in note
     else:
         assert "It is also the best single score" in note
+    assert "Hyperparameter Importance here pools every complete trial, of every loss" in note  # the report's are per loss
 
 
 @pytest.mark.faults

@@ -202,6 +202,7 @@ def dashboard_note(study: optuna.Study, summary: StudySummary) -> None:
     else:
         lines.append("It is also the best single score, which the Best Trial badge marks.")
     lines.append("The study's user attributes `picked_trial` and `picked_confirmation_mean` name it; `study.final --study` retrains it.")
+    lines.append("Hyperparameter Importance here pools every complete trial, of every loss; `study.report` gives them per loss.")
     save_note(study, "\n".join(lines))
 
 

@@ -312,7 +312,8 @@ def importance_section(client, parent, record: StudyRecord, out: Path) -> list[B
         blocks.append(
             Paragraph(
                 "Computed per loss family, on its complete trials: a parameter of one loss never varies among the other's "
-                "trials. Each family's parameters are those all its trials sampled on the same range."
+                "trials. Each family's parameters are those all its trials sampled on the same range. (optuna-dashboard's "
+                "Hyperparameter Importance pools the trials of both families in one fANOVA, so its numbers differ.)"
             )
         )
     for label, values in families.items():
