@@ -323,3 +323,24 @@ def test_the_ui_command_opens_the_runs_table_not_the_genai_views():
     assert server == "open http://10.0.0.1:5000/#/experiments/12/runs?workflowType=machine_learning in a browser"
     study = console.ui_command("http://10.0.0.1:5000/", "12", "s1")  # the study's shared view (tests/test_browser.py)
     assert study == "open http://10.0.0.1:5000/#/experiments/12/runs?viewStateShareKey=s1&workflowType=machine_learning in a browser"
+
+
+def test_the_studys_view_is_an_experiment_tag_written_once(tmp_path, monkeypatch):
+    """The view the printed address opens (MLflow's shared view: the experiment's tag mlflow.sharedViewState.<study>):
+    the study's runs, sorted by the tag picked, its columns; a study ended again writes it no second time."""
+    import json
+
+    import mlflow
+
+    from study.records import tracking
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("views")
+    tracking.share_study_view(client, experiment, "s1", "val_recall_at_1")
+    view = json.loads(client.get_experiment(experiment).tags["mlflow.sharedViewState.s1"])
+    assert view["searchFilter"] == "tags.study_name = 's1'" and view["orderByKey"] == "tags.`picked`" and not view["orderByAsc"]
+    assert view["selectedColumns"] == ["metrics.`val_recall_at_1`", "params.`loss`", "tags.`picked`"]
+    writes = []
+    monkeypatch.setattr(client, "set_experiment_tag", lambda *a: writes.append(a))
+    tracking.share_study_view(client, experiment, "s1", "val_recall_at_1")
+    assert writes == []

@@ -76,8 +76,11 @@ def study_view(study_name: str, metric: str) -> dict[str, Any]:
 
 
 def share_study_view(client: mlflow.MlflowClient, experiment_id: str, study_name: str, metric: str) -> None:
-    """Name ``study_view`` in the experiment's tags under the study's name (``study_view_page`` opens it)."""
-    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + study_name, json.dumps(study_view(study_name, metric)))
+    """Name ``study_view`` in the experiment's tags under the study's name (``study_view_page`` opens it); written only
+    where it differs, so a study ended again (study.sync) writes nothing."""
+    key, value = SHARED_VIEW_TAG + study_name, json.dumps(study_view(study_name, metric))
+    if client.get_experiment(experiment_id).tags.get(key) != value:
+        client.set_experiment_tag(experiment_id, key, value)
 
 
 def study_view_page(experiment_id: str, study_name: str) -> str:
