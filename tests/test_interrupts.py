@@ -213,8 +213,11 @@ def test_a_driver_killed_by_a_fatal_signal_says_so_in_one_line_and_the_log_holds
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         f"error: study.launch died: Segmentation fault; every thread's stack is in {log}"
     ], err[-3000:]
+    # every thread's stack in the log, none on the terminal; which frames depends on where the signal found each thread
+    # (a deep one is cut at faulthandler's 100 frames), so only that there are frames is checked
     stack = log.read_text().split("Fatal Python error: Segmentation fault", 1)[1]
-    assert "most recent call first" in stack and "study/launch/run.py" in stack, stack[:3000]
+    assert "most recent call first" in stack and 'File "' in stack, stack[:3000]
+    assert "most recent call first" not in err, err[-3000:]
 
     assert_resumed_to_the_end(runs, env, name)
 
