@@ -33,9 +33,6 @@ from study.search.race import Selection, selection_from_record, selection_record
 from study.search.trial import FAIL, epochs_spent, run_key
 from trainables.core.config import TrainConfig
 
-# The tag of a trial's (and a re-run's) MLflow run that lists, comma-separated, the config keys that changed how it trained
-# (trainables.core.config.applicable_keys): every key is a param of the run, an ICE trial's alpha and a softmax trial's
-# ice_scale included, and MLflow cannot take a param back. study.report shows only these.
 NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI (Markdown)
 
 

@@ -79,15 +79,14 @@ def run_name(kind: str, trial_id: str, number: int | None) -> str:
     return f"trial-{number}-{trial_id}" if number is not None else f"trial-{trial_id}"
 
 
-def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Every TrainConfig key of a trial's config, defaults filled in, then its keys that are no config key (a
-    ``variants`` space's ``variant``); the config as given when its config keys do not validate."""
+def train_config(config: dict[str, Any] | None) -> TrainConfig | None:
+    """The TrainConfig of a trial's config keys (a run's params as strings too; other keys, such as a ``variants``
+    space's ``variant``, left aside); None when they do not validate."""
     known = set(TrainConfig.keys())
     try:
-        filled = TrainConfig.from_dict({k: v for k, v in config.items() if k in known}, source="trial config").to_dict()
-    except ConfigError:
-        return dict(sorted(config.items()))
-    return {**filled, **{k: v for k, v in config.items() if k not in known}}
+        return TrainConfig.from_dict({k: v for k, v in (config or {}).items() if k in known}, source="trial config")
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 ACTIVE_PARAMS_TAG = "active_params"  # the config keys a trial trained with, comma-separated
@@ -98,11 +97,8 @@ def active_params(config: dict[str, Any] | None) -> tuple[str, ...] | None:
     """The config keys that change how ``config`` (a trial's config, or a run's params as strings) trains, in TrainConfig
     order; None when its config keys do not make a valid TrainConfig (then no key can be said to be unused). Other keys
     (a ``variants`` space's ``variant``) are not config keys: neither active nor inactive."""
-    known = set(TrainConfig.keys())
-    try:
-        return applicable_keys(TrainConfig.from_dict({k: v for k, v in (config or {}).items() if k in known}, source="trial config"))
-    except (ConfigError, TypeError, ValueError):
-        return None
+    parsed = train_config(config)
+    return None if parsed is None else applicable_keys(parsed)
 
 
 def active_tag(config: dict[str, Any] | None) -> dict[str, str]:
@@ -118,12 +114,12 @@ def config_params(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str
     space's ``variant``). A key that did not apply (the other loss's, a heating target without heating) is left out
     and named in ``inactive_params``: a value the trial never used would look real in MLflow's tables and compare
     plots. A config that does not validate logs as given."""
-    resolved = resolved_config(config)
-    active = active_params(resolved)
-    if active is None:
-        return resolved, {}
+    parsed = train_config(config)
+    if parsed is None:
+        return dict(sorted(config.items())), {}
+    active = applicable_keys(parsed)
     known = set(TrainConfig.keys())
-    params = {k: v for k, v in resolved.items() if k in active or k not in known}
+    params = {**{k: v for k, v in parsed.to_dict().items() if k in active}, **{k: v for k, v in config.items() if k not in known}}
     inactive = [k for k in TrainConfig.keys() if k not in active]
     return params, {ACTIVE_PARAMS_TAG: ",".join(active), INACTIVE_PARAMS_TAG: ",".join(inactive)}
 

@@ -65,14 +65,14 @@ def study_finals(client, parent, out: Path) -> list[Block]:
     heading = Heading(2, "Final model on the test classes (study.final --study)")
     if not finals:
         return [heading, Paragraph(("(none yet: ", Code(f"python -m study.final --study {name}"), ")"))]
-    label = f"the final of {name}"
+    label, model = f"the final of {name}", final_model(client, parent, finals)  # one search of the ensemble runs
     return [
         heading,
-        *paper_table(final_columns(client, parent, name, finals)),
+        *paper_table(final_columns(name, finals, model)),
         *earlier_finals(earlier),
         *ensemble_line(client, parent),
         Heading(3, "Embedding diagnostics"),
-        *final_diagnostics(client, {label: finals}, out, {label: final_model(client, parent, finals)}),
+        *final_diagnostics(client, {label: finals}, out, {label: model}),
     ]
 
 
@@ -85,15 +85,15 @@ def final_model(client, parent, finals: list):
     return max(done, key=lambda r: r.info.start_time) if done else None
 
 
-def final_columns(client, parent, name: str, finals: list) -> dict[str, list[dict[str, float]]]:
+def final_columns(name: str, finals: list, model) -> dict[str, list[dict[str, float]]]:
     """The test table's columns for the latest final's seed runs ``finals``: the pick over its seeds; or, where the
     seeds trained the race's tie (tag ``optuna_trial``, several candidates), the tie as one model, then each member's
-    own model, so that the table says what the registered model is and what each member scored alone."""
+    own model, so that the table says what the registered model is and what each member scored alone. ``model``: the
+    final's seeds-as-one-model run (``final_model``), None where there is none."""
     trials = [r.data.tags.get("optuna_trial") for r in finals]
     if len({t for t in trials if t is not None}) < 2:
         return {f"the pick of {name}": [seed_metrics(r) for r in finals]}
     numbers = ", ".join(f"#{t}" for t in trials)
-    model = final_model(client, parent, finals)
     columns = {f"the race's tie {numbers} as one model": [seed_metrics(model)] if model is not None else []}
     for i, (run, trial) in enumerate(zip(finals, trials, strict=True)):
         columns[f"#{trial} alone{' (the pick)' if i == 0 else ''}"] = [seed_metrics(run)]
