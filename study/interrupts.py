@@ -74,6 +74,19 @@ def uninterrupted() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """A wait between writes (for a server that went away): a signal stops it at once, also one that an enclosing
+    ``uninterrupted`` block has deferred so far."""
+    if not _INSTALLED:
+        yield
+        return
+    stops = _INSTALLED[-1]
+    stops.check()
+    with stops.at("anywhere"):
+        yield
+
+
 def signal_name(error: KeyboardInterrupt) -> str:
     """The signal that stopped the driver (``_signum``)."""
     return signal.Signals(_signum(error)).name

@@ -39,8 +39,8 @@ TIERS = {
         "test_verdicts_bench.py",
     ),
     "faults": (
-        "test_browser.py", "test_cluster_hosts.py", "test_data_root.py", "test_disk_full.py", "test_postgres.py", "test_rehearsal.py",
-        "test_resume.py",
+        "test_browser.py", "test_cluster_hosts.py", "test_data_root.py", "test_disk_full.py", "test_final_outage.py", "test_postgres.py",
+        "test_rehearsal.py", "test_resume.py",
     ),
     "mixed": (
         "test_cache.py", "test_credentials.py", "test_final.py", "test_gpu_check.py", "test_interrupts.py", "test_journal.py",

@@ -13,12 +13,15 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import mlflow
 import optuna
@@ -207,9 +210,19 @@ def test_unreachable_mlflow_fails_fast(tmp_path, runs, capsys):
         hole.close()
 
 
+class MlflowServer(NamedTuple):
+    """A test's MLflow server: started again, stopped (killed), stalled (its processes stopped: it accepts connections
+    and answers nothing) and woken."""
+
+    start: Callable[[], None]
+    stop: Callable[[], None]
+    stall: Callable[[], None]
+    wake: Callable[[], None]
+
+
 @contextlib.contextmanager
 def mlflow_server(folder: Path, port: int):
-    """A real MLflow tracking server on loopback; yields a stop() function."""
+    """A real MLflow tracking server on loopback (``MlflowServer``)."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -245,17 +258,20 @@ def mlflow_server(folder: Path, port: int):
                 time.sleep(0.5)
         raise AssertionError("mlflow server did not start")
 
-    def stop():
-        import signal
-
+    def signal_all(signum: int) -> None:
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                os.killpg(proc.pid, signum)
+
+    def stop():
+        signal_all(signal.SIGCONT)  # a stalled server is killed too
+        signal_all(signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
 
     start()
     try:
-        yield start, stop
+        yield MlflowServer(start, stop, stall=lambda: signal_all(signal.SIGSTOP), wake=lambda: signal_all(signal.SIGCONT))
     finally:
         stop()
 
@@ -275,7 +291,8 @@ def outage_seen(spool: Path, records: int) -> bool:
 def test_mlflow_server_going_away_mid_study_loses_nothing(tmp_path, runs, capsys):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    with mlflow_server(tmp_path / "server", port) as (start, stop):
+    with mlflow_server(tmp_path / "server", port) as server:
+        start, stop = server.start, server.stop
         outcome = {}
 
         def outage():

@@ -12,7 +12,7 @@ import sys
 from study import console, inputs
 from study.final.results import ConfigurationResult, FinalResult
 from study.final.serving import print_serving
-from study.final.train import StoppedWhenDone, run_final
+from study.final.train import StoppedUnmarked, StoppedWhenDone, run_final
 from study.inputs import UsageError
 from study.interrupts import StopSignals, exit_code, signal_name
 from study.records import store, tracking
@@ -105,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
             result = dataclasses.replace(run_final(args), log=log)  # SIGTERM and SIGHUP raise as SIGINT does: the runs end KILLED
     except INPUT_ERRORS as error:
         return inputs.print_error(error)
+    except StoppedUnmarked as error:
+        print(
+            f"study.final stopped by {error.name} while MLflow did not answer: its runs stay RUNNING and its records wait in "
+            f"{error.spool}; the next study.final on this machine writes them and ends the runs KILLED",
+            file=sys.stderr,
+        )
+        return error.exit_code
     except StoppedWhenDone as error:
         print(f"study.final stopped by {error.name} as it ended: its runs had ended FINISHED, every result recorded", file=sys.stderr)
         return error.exit_code

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import math
 import os
-import socket
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,10 +26,10 @@ from study.final.plan import FinalPlan, make_plan
 from study.final.results import ConfigurationResult, EnsembleResult, FinalResult, SeedResult, summarize
 from study.final.seed import test_pictures, train_seed
 from study.final.serving import served_model
+from study.final.writer import FinalWriter, close_abandoned, spool_of, stop_runs
 from study.inputs import UsageError
 from study.interrupts import StudyInterrupted, signal_name, uninterrupted
 from study.records import ending, locks, tracking
-from study.records.parent import mark_stopped
 from study.records.trials import config_params
 from trainables.core.config import TrainConfig, check_classes_per_batch
 from trainables.core.data import (
@@ -42,25 +42,58 @@ from trainables.core.data import (
 from trainables.core.engine import ONE_SHOT_WAYS, Embeddings, build_model, concatenated, default_device, score
 
 
-def record_model(output: SeedOutput, example: np.ndarray, workdir: Path, register: str | None, origin: str) -> tuple[str, str | None]:
+def record_model(
+    output: SeedOutput, example: np.ndarray, workdir: Path, register: str | None, origin: str, writer: FinalWriter
+) -> tuple[str, str | None]:
     """Log the seed's model as ``embedding-seed<k>`` in the active MLflow run (its seed run), the test metrics linked to it,
     and a registered version's description.
 
     Returns the model's URI and the registered version's (models:/NAME/VERSION, or None).
     """
+    config = TrainConfig.from_dict(output.bundle["config"], source="the seed's model")
+    info = log_model(writer, output.bundle, example, workdir, f"embedding-seed{config.seed}", register)
+    return info.model_uri, link_metrics(info, {**output.test, **output.similarity}, config, register, origin, writer)
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """What the commands use of a logged model (MLflow's ModelInfo, or the version an earlier attempt registered)."""
+
+    model_uri: str
+    model_id: str
+    registered_model_version: int | None
+
+
+def log_model(writer: FinalWriter, bundle, example: np.ndarray, workdir: Path, name: str, register: str | None) -> LoggedModel:
+    """``pyfunc.log_embedding_model`` in the active run, waiting for the server while it is away. An attempt cut by an
+    outage may have registered its version already: a later attempt logs the model again and takes that version
+    (the registry gets one version per run)."""
     from study.final.pyfunc import log_embedding_model
 
-    config = TrainConfig.from_dict(output.bundle["config"], source="the seed's model")
-    info = log_embedding_model(output.bundle, example, workdir, name=f"embedding-seed{config.seed}", registered_model_name=register)
-    return info.model_uri, link_metrics(info, {**output.test, **output.similarity}, config, register, origin)
+    run_id = mlflow.active_run().info.run_id
+
+    def attempt(n: int) -> LoggedModel:
+        earlier = registered_versions(register, run_id) if register and n > 0 else []
+        info = log_embedding_model(bundle, example, workdir, name=name, registered_model_name=None if earlier else register)
+        version = int(earlier[0].version) if earlier else info.registered_model_version
+        return LoggedModel(info.model_uri, info.model_id, version)
+
+    return writer.patiently(attempt, f"the model {name}")
+
+
+def registered_versions(register: str, run_id: str) -> list:
+    """The versions of registered model ``register`` made from run ``run_id``."""
+    client = mlflow.MlflowClient()
+    return [v for v in client.search_model_versions(f"name = '{register}'") if v.run_id == run_id]
 
 
 def link_metrics(
-    info,
+    info: LoggedModel,
     test: dict[str, float],
     config: TrainConfig,
     register: str | None,
     origin: str,
+    writer: FinalWriter,
     seeds: list[int] | None = None,
     tied: list[tuple[int, TrainConfig]] | None = None,
     member_tests: list[dict[str, float]] | None = None,
@@ -71,13 +104,16 @@ def link_metrics(
     from study.final.pyfunc import version_description
 
     linked = {k: v for k, v in test.items() if math.isfinite(v)}
-    mlflow.log_metrics(linked, step=config.epochs, model_id=info.model_id)
+    stamp = int(time.time() * 1000)  # one time for every try: a metric written twice is one point
+    run_id = mlflow.active_run().info.run_id
+    writer.patiently(lambda _: mlflow.log_metrics(linked, step=config.epochs, model_id=info.model_id, timestamp=stamp), "the test metrics")
     version = info.registered_model_version
     if not register or version is None:
         return None
-    run_id = mlflow.active_run().info.run_id
     description = version_description(config, linked, origin or "study.final", run_id, seeds, tied, member_tests)
-    mlflow.MlflowClient().update_model_version(register, str(version), description=description)
+    writer.patiently(
+        lambda _: mlflow.MlflowClient().update_model_version(register, str(version), description=description), "the model's description"
+    )
     return f"models:/{register}/{version}"
 
 
@@ -155,7 +191,8 @@ class Target:
     workdir: Path
     data_root: str | None  # where a task on a cluster's node loads the dataset
     owner: dict[str, str]  # the tags naming this process on each run (locks.owner_tags)
-    opened: list[str] = field(default_factory=list)  # the child runs opened so far: a failure marks those still RUNNING
+    writer: FinalWriter  # the child runs' writes: queued, applied by a thread, kept while MLflow is away
+    opened: list[str] = field(default_factory=list)  # the child runs opened so far (names): a failure marks those still RUNNING
 
 
 class SeedRuns:
@@ -164,7 +201,6 @@ class SeedRuns:
 
     def __init__(self, plan: FinalPlan, name: str, target: Target, register: str | None, example: np.ndarray) -> None:
         self.plan, self.name, self.target, self.register, self.example = plan, name, target, register, example
-        self.client = mlflow.MlflowClient()
         self.run_ids: dict[int, str] = {}
         self.jobs: dict[int, SeedJob] = {}
         self.results: dict[int, SeedResult] = {}
@@ -174,33 +210,30 @@ class SeedRuns:
         """Where the configuration came from, for a registered version's description."""
         return f"study {self.plan.study} (parent run {self.target.parent_id})" if self.plan.study else self.plan.source_of(self.name)
 
-    def open_child(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
-        """A child run of the parent (a seed's or the ensemble's) with the common tags, ``tags`` and ``params``; its id,
-        also kept in the target's ``opened``."""
+    def open_child(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
+        """Queue a child run of the parent (a seed's or the ensemble's) with the common tags, ``tags`` and ``params``;
+        its name is kept in the target's ``opened``."""
         target = self.target
         tags = {**tracking.reproducibility_tags(), **target.owner, "mlflow.parentRunId": target.parent_id, **tags}
         if self.plan.study:
             tags["study_name"] = self.plan.study
         if self.plan.grid:
             tags["configuration"] = self.name
-        run_id = self.client.create_run(target.experiment_id, run_name=run_name, tags=tags).info.run_id
-        target.opened.append(run_id)
-        self.client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)) for k, v in params.items()])
-        return run_id
+        target.opened.append(run_name)
+        target.writer.create_run(target.experiment_id, run_name, tags, params)
 
     def start(self, job: SeedJob) -> None:
         config, trial = job.config, self.plan.seed_trial(job.index)
         tags = {"kind": "final_seed", "seed": str(config.seed)} | ({"optuna_trial": str(trial)} if trial is not None else {})
         params, named = config_params(config.to_dict())
-        self.run_ids[job.index] = self.open_child(self.plan.seed_run_name(self.name, config.seed), {**tags, **named}, params)
+        self.run_ids[job.index] = self.plan.seed_run_name(self.name, config.seed)  # its name until MLflow has it
+        self.open_child(self.run_ids[job.index], {**tags, **named}, params)
         self.jobs[job.index] = job
 
     def epoch(self, report: EpochReport) -> None:
-        metrics, now = report.metrics, int(time.time() * 1000)
-        logged = [
-            mlflow.entities.Metric(k, v, now, report.epoch) for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")
-        ]
-        self.client.log_batch(self.run_ids[report.index], metrics=logged)
+        metrics = report.metrics
+        logged = {k: v for k, v in metrics.items() if math.isfinite(v) and not k.startswith("test_")}
+        self.target.writer.log_epoch(self.run_ids[report.index], report.epoch, logged)
         shown = f"loss {metrics['train_loss']:.4f}  acc {metrics['train_accuracy']:.3f}"
         if "alpha_now" in metrics:
             shown += f"  alpha {metrics['alpha_now']:.2f}"
@@ -216,16 +249,17 @@ class SeedRuns:
     def done(self, output: SeedOutput) -> None:
         """The seed's run gets its pictures, time, model (registered when it is the only seed) and linked test metrics, then
         ends; with more seeds its bundle and test embeddings are kept for :meth:`ensemble`."""
-        run_id, workdir = self.run_ids[output.index], self.target.workdir
-        origin = self.origin()
-        with killed_on_signal(run_id):
-            mlflow.set_tag("node", output.node)
+        writer, workdir = self.target.writer, self.target.workdir
+        run_id, origin = writer.run_id(self.run_ids[output.index]), self.origin()
+        with killed_on_signal(run_id, writer):
+            writer.patiently(lambda _: mlflow.set_tag("node", output.node), "the seed's records")
             for file, data in output.pictures.items():
                 (workdir / file).write_bytes(data)
-                mlflow.log_artifact(str(workdir / file))
-            mlflow.log_metric("time/total_s", output.time_s)
+                writer.patiently(lambda _, file=file: mlflow.log_artifact(str(workdir / file)), "the seed's pictures")
+            stamp = int(time.time() * 1000)
+            writer.patiently(lambda _: mlflow.log_metric("time/total_s", output.time_s, timestamp=stamp), "the seed's records")
             register = self.register if output.index == 0 and self.plan.seeds == 1 else None  # else the ensemble is registered
-            model_uri, registered_uri = record_model(output, self.example, workdir, register, origin)
+            model_uri, registered_uri = record_model(output, self.example, workdir, register, origin, writer)
         seed = self.jobs[output.index].config.seed
         trial = self.plan.seed_trial(output.index)
         self.results[output.index] = SeedResult(seed, run_id, output.test, output.time_s, model_uri, registered_uri, trial)
@@ -234,8 +268,6 @@ class SeedRuns:
 
     def ensemble(self, splits: DatasetSplits, config: TrainConfig) -> EnsembleResult:
         """The seeds as one model: a child run with the test metrics of their concatenated embeddings and the model."""
-        from study.final.pyfunc import log_embedding_model
-
         members = [self.members[i] for i in sorted(self.members)]
         joined = concatenated([embeddings for _, embeddings in members])
         test = score(
@@ -251,32 +283,40 @@ class SeedRuns:
         else:
             trained, named = config_params(config.to_dict())
             params, tags = {**trained, **params}, {**tags, **named}
-        run_id = self.open_child(self.plan.ensemble_run_name(self.name), tags, params)
-        with killed_on_signal(run_id):
+        name, writer = self.plan.ensemble_run_name(self.name), self.target.writer
+        self.open_child(name, tags, params)
+        run_id = writer.run_id(name)
+        with killed_on_signal(run_id, writer):
             bundles, register, workdir = [bundle for bundle, _ in members], self.register, self.target.workdir
-            info = log_embedding_model(bundles, self.example, workdir, name="embedding-ensemble", registered_model_name=register)
+            info = log_model(writer, bundles, self.example, workdir, "embedding-ensemble", register)
             member_tests = [self.results[i].test for i in sorted(self.members)] if tied else None
-            registered = link_metrics(info, test, config, register, self.origin(), seed_values, tied, member_tests)
+            registered = link_metrics(info, test, config, register, self.origin(), writer, seed_values, tied, member_tests)
             # the registered model's own retrieval grid and t-SNE map, which the report shows (not seed 0's)
             gallery = None if joined.gallery is None else joined.gallery.numpy()
             what = "the final model, the seeds as one"
             for path in test_pictures(splits.test, splits.gallery, joined.queries.numpy(), gallery, config.seed, what, "ensemble", workdir):
-                mlflow.log_artifact(str(path))
+                writer.patiently(lambda _, path=path: mlflow.log_artifact(str(path)), "the final model's pictures")
         width = sum(c.embedding_dim for c in configs)
         return EnsembleResult(run_id, test, info.model_uri, registered, tuple(trial for trial, _ in tied or ()), width)
 
 
 @contextlib.contextmanager
-def killed_on_signal(run_id: str) -> Iterator[None]:
-    """The existing run ``run_id`` made active; it ends FINISHED, FAILED on an error, and KILLED (with the signal as
-    ``failure_reason``) when a signal stops the work inside, where MLflow's own context would end it FAILED."""
-    with mlflow.start_run(run_id=run_id):
-        try:
-            yield
-        except KeyboardInterrupt as error:
-            mlflow.set_tag("failure_reason", f"stopped by {signal_name(error)}")
-            mlflow.end_run(status="KILLED")
-            raise
+def killed_on_signal(run_id: str, writer: FinalWriter) -> Iterator[None]:
+    """The existing run ``run_id`` made active; it ends FINISHED (waiting for the server while it is away), FAILED on
+    an error, and KILLED (with the signal as ``failure_reason``) when a signal stops the work inside, where MLflow's own
+    context would end it FAILED. With the server away at the error or signal, the run is left RUNNING for the next
+    study.final (``close_abandoned``)."""
+    writer.patiently(lambda _: mlflow.start_run(run_id=run_id), "the run's records")
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        writer.leave_run("KILLED", f"stopped by {signal_name(error)}")
+        raise
+    except BaseException:
+        writer.leave_run("FAILED")
+        raise
+    writer.leave_run("FINISHED")  # then written once the server answers:
+    writer.patiently(lambda _: mlflow.MlflowClient().set_terminated(run_id, status="FINISHED"), "the run's end")
 
 
 def train_configuration(
@@ -318,10 +358,13 @@ def train_plan(
     """Every configuration of the plan, in order; the parent run's files are rewritten after each."""
     with uninterrupted():
         if plan.grid:
-            client.log_dict(target.parent_id, {n: c.to_dict() for n, c in plan.configurations}, "configurations.yaml")
+            configurations = {n: c.to_dict() for n, c in plan.configurations}
+            target.writer.patiently(
+                lambda _: client.log_dict(target.parent_id, configurations, "configurations.yaml"), "the configurations"
+            )
         else:
             config_file = inputs.write_yaml(target.workdir / f"{plan.prefix}config.yaml", plan.configurations[0][1].to_dict())
-            client.log_artifact(target.parent_id, str(config_file))
+            target.writer.patiently(lambda _: client.log_artifact(target.parent_id, str(config_file)), "the config")
     outcomes: list[ConfigurationResult] = []
     for index, (name, config) in enumerate(plan.configurations):
         if plan.grid:
@@ -329,12 +372,21 @@ def train_plan(
         data = splits[(config.dataset, config.image_size)]
         outcomes.append(train_configuration(plan, name, config, data, target, plan.register if index == 0 else None))
         with uninterrupted():
-            record_outcomes(client, target.parent_id, plan, outcomes)
+            target.writer.patiently(lambda _: record_outcomes(client, target.parent_id, plan, outcomes), "the parent run's results")
     return tuple(outcomes)
 
 
 class StoppedWhenDone(StudyInterrupted):
     """A signal that waited for the last write of a final whose runs had all ended FINISHED."""
+
+
+class StoppedUnmarked(StudyInterrupted):
+    """A signal that stopped a final while its MLflow server did not answer: its runs are left RUNNING and what it had
+    not written waits in ``spool``, for the next study.final on this machine (``writer.close_abandoned``)."""
+
+    def __init__(self, signum: int, spool: str) -> None:
+        super().__init__(signum)
+        self.spool = spool
 
 
 def run_final(args: argparse.Namespace) -> FinalResult:
@@ -376,60 +428,43 @@ def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalRes
         print(f"the study's race could not tell its candidates apart: the seeds train {tie}, as one model (--members pick: the pick alone)")
     close_abandoned(client, experiment_id)
     # on a cluster, checks that a node holds one seed's task before any run exists
-    with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
-        owner = locks.owner_tags(lock)
-        parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
-        target: Target | None = None  # set with the parent run: a failure marks the child runs it opened
-        try:
-            with uninterrupted():
-                parent_id = open_parent(client, experiment_id, plan, owner)
-            with tempfile.TemporaryDirectory() as tmp:
-                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner)
-                outcomes = train_plan(client, plan, splits, target)
-        except BaseException as error:
-            mark_stopped(
-                client,
-                target.opened if target is not None else [],
-                parent_id if plan.parent_run_id is None else None,
-                error,
-                in_study=False,
-            )
-            raise
+    unmarked: list[Path] = []  # the lock of runs a failure could not mark: left behind for the next study.final
     try:
-        with uninterrupted():
-            if plan.parent_run_id is None:
-                client.set_terminated(parent_id, status="FINISHED")
-            elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
-                note_study_retrained(client, parent_id, outcomes[0])
-    except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
-        raise StoppedWhenDone(error.signum) from None
+        with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
+            owner = locks.owner_tags(lock)
+            writer = FinalWriter(uri, spool_of(lock), str(lock))
+            parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
+            target: Target | None = None  # set with the parent run: a failure marks the child runs it opened
+            try:
+                with uninterrupted():
+                    parent_id = open_parent(client, experiment_id, plan, owner)
+                writer.start()
+                with tempfile.TemporaryDirectory() as tmp:
+                    target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner, writer)
+                    outcomes = train_plan(client, plan, splits, target)
+                writer.close()
+            except BaseException as error:
+                if not stop_runs(client, writer, target.opened if target else [], None if plan.parent_run_id else parent_id, error):
+                    unmarked.append(lock)
+                    if isinstance(error, KeyboardInterrupt):
+                        raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
+                raise
+            try:
+                with uninterrupted():
+                    if plan.parent_run_id is None:
+                        writer.patiently(lambda _: client.set_terminated(parent_id, status="FINISHED"), "the parent run's end")
+                    elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+                        writer.patiently(lambda _: note_study_retrained(client, parent_id, outcomes[0]), "the study's description")
+            except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
+                raise StoppedWhenDone(error.signum) from None
+            except KeyboardInterrupt as error:  # stopped while the server was away: the next study.final ends the parent
+                unmarked.append(lock)
+                raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
+    finally:
+        for lock in unmarked:
+            locks.leave_behind(lock)
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
-
-
-def close_abandoned(client: mlflow.MlflowClient, experiment_id: str) -> None:
-    """Runs an earlier ``study.final`` on this host left RUNNING when it was killed (SIGKILL, the machine stopped: no
-    handler ran) end KILLED, with its holder line as the reason: their owner lock (``locks.abandoned``) is no longer
-    held. Runs of a live ``study.final``, or of another host, are left alone. Says how many it closed."""
-    running = tracking.all_pages(
-        client.search_runs,
-        experiment_ids=[experiment_id],
-        filter_string=tracking.run_filter({"attributes.status": "RUNNING", "tags.owner_host": socket.gethostname()}),
-    )
-    by_lock: dict[str, list] = {}  # a study.final's runs (its parent and seeds) share its lock: each lock read once
-    for run in running:
-        by_lock.setdefault(run.data.tags.get("owner_lock", ""), []).append(run)
-    closed = []
-    for lock, runs in by_lock.items():
-        holder = locks.abandoned(lock)
-        if holder is None:
-            continue
-        reason = f"orphaned: the study.final that trained it ({holder}) ended without closing it (killed, or its machine stopped)"
-        tracking.fail_orphans(client, [run.info.run_id for run in runs], reason, status="KILLED")
-        closed += [run.info.run_name for run in runs]
-        Path(lock).unlink(missing_ok=True)  # its runs are closed
-    if closed:
-        print(f"marked KILLED {len(closed)} run(s) an earlier study.final left RUNNING when it was killed: {', '.join(sorted(closed))}")
 
 
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:

@@ -128,6 +128,13 @@ def process_lock(folder: Path, prefix: str) -> Iterator[Path]:
             path.unlink(missing_ok=True)
 
 
+def leave_behind(lock: Path) -> None:
+    """The released ``process_lock`` ``lock`` written again, unheld, naming this process: the records it owns were left
+    unended (their server away), and a later process finds it ``abandoned`` and ends them."""
+    with contextlib.suppress(OSError):
+        lock.write_text(holder_line() + "\n", encoding="utf-8")
+
+
 def owner_tags(lock: Path) -> dict[str, str]:
     """The tags that name a record's writer: this host and its ``process_lock``."""
     return {"owner_host": socket.gethostname(), "owner_lock": str(lock)}
