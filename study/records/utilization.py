@@ -35,6 +35,8 @@ TIME_KEYS: dict[str, tuple[str, ...]] = {
 }
 # every spelling, and the canonical name itself (what the readers below return), -> the canonical name
 SPELLINGS: dict[str, str] = {spelling: name for name, spellings in TIME_KEYS.items() for spelling in (name, *spellings)}
+# the prefix of a retrained epoch's metrics (a rung's tail trained again by the next budget: study.records.trials)
+RETRAINED = "retrained/"
 
 TRIAL_KINDS = ("trial", "confirmation")  # the child runs of a study's parent run that train
 
