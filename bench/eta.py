@@ -81,6 +81,8 @@ def study_records(runs: Path, study: str) -> tuple[dict[str, tuple[str, list[flo
     and the study's parent run params (its ``StudyRecord``)."""
     import mlflow
 
+    from study.records.utilization import every_epoch
+
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     found = client.search_runs(experiments, filter_string=f"tags.study_name = '{study}'", max_results=5000)
@@ -90,7 +92,7 @@ def study_records(runs: Path, study: str) -> tuple[dict[str, tuple[str, list[flo
         if kind == "study":
             params = run.data.params
         if kind in ("trial", "confirmation"):
-            times = sorted(m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "train_loss"))
+            times = sorted(m.timestamp / 1000 for m in every_epoch(client, run.info.run_id, "train_loss"))
             trials[run.data.tags.get("trial_id")] = (kind, times)
     return trials, params
 

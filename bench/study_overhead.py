@@ -179,7 +179,7 @@ def measure(run: dict[str, Any], slots: int | None = None) -> dict[str, Any]:
         if kind not in utilization.TRIAL_KINDS:
             continue
         key = next((k for k in utilization.TIME_KEYS["epoch_s"] if k in child.data.metrics), None)
-        history = sorted(client.get_metric_history(child.info.run_id, key), key=lambda m: m.step) if key else []
+        history = utilization.every_epoch(client, child.info.run_id, key) if key else []
         if not history:
             continue
         start, end = child.info.start_time / 1000, (child.info.end_time or 0) / 1000

@@ -30,7 +30,7 @@ TIERS = {
         "test_checkpoint.py", "test_help.py", "test_input_ranges.py", "test_packing.py", "test_report_finals.py",
         "test_cluster_yaml.py", "test_config.py", "test_cpu_by_process.py", "test_cpu_per_test.py", "test_data.py",
         "test_dml.py", "test_docs.py", "test_engine.py", "test_final_seed.py", "test_final_space.py",
-        "test_gpu_path_bench.py", "test_gpu_study_bench.py", "test_heap.py", "test_inputs.py", "test_layout.py",
+        "test_gpu_path_bench.py", "test_gpu_study_bench.py", "test_heap.py", "test_inputs.py", "test_ladder_records.py", "test_layout.py",
         "test_local_ray.py", "test_losses.py", "test_metrics.py", "test_models.py", "test_names.py", "test_naming.py",
         "test_one_shot.py", "test_optimizers.py", "test_pca.py", "test_photo_data.py", "test_precision.py",
         "test_progress.py", "test_ranges.py", "test_report_html.py", "test_report_scale.py", "test_resume_settings.py",
@@ -237,13 +237,20 @@ def wait_for(predicate, timeout: float, what: str, process=None, every_s: float 
         time.sleep(every_s)
 
 
-def epochs_recorded(epochs_trained: int, tags: dict[str, str]) -> list[int]:
-    """The steps a trial's MLflow run holds, each once: 1 to the epochs its last attempt trained, or on to the last
-    epoch of an attempt cut short (a kill before a checkpoint) when the run's tag says so, right after them."""
+def assert_epochs_recorded(steps: list[int], attrs: dict, tags: dict[str, str], what: object = "") -> None:
+    """A trial's MLflow run holds ``steps`` (of its train_loss), each once: 1 to the epoch of its schedule its last
+    attempt reached (Optuna's ``epochs``; ``epochs_trained`` where a study recorded none), or on to the last epoch of an
+    attempt cut short (a kill before a checkpoint) when the run's tag says so (in epochs trained, right after them)."""
     from study.records.trials import LOST_EPOCHS_TAG
 
+    trained = int(attrs["epochs_trained"])
+    epochs = int(attrs.get("epochs", trained))
     if LOST_EPOCHS_TAG not in tags:
-        return list(range(1, epochs_trained + 1))
+        assert steps == list(range(1, epochs + 1)), (what, steps, attrs)
+        return
     first, last = (int(x) for x in tags[LOST_EPOCHS_TAG].split("-"))
-    assert first == epochs_trained + 1 <= last, (epochs_trained, tags[LOST_EPOCHS_TAG])
-    return list(range(1, last + 1))
+    assert first == trained + 1 <= last, (what, trained, tags[LOST_EPOCHS_TAG])
+    if epochs == trained:  # every epoch trained once: the steps are the epochs trained
+        assert steps == list(range(1, last + 1)), (what, steps, tags[LOST_EPOCHS_TAG])
+    else:  # on a ladder the lost epochs may be a retrained tail, at steps the run holds already
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= epochs, (what, steps, attrs)

@@ -257,11 +257,11 @@ def test_budget_rungs_see_finished_schedules(budget_study):
     by_trial = {r.data.tags["trial_id"]: r for r in children}
     for trial in study.trials:
         run = by_trial[trial.user_attrs["tune_trial_id"]]
-        history = {
-            k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in ("budget", "epoch", "lr_now", "alpha_now")
-        }
-        assert sorted(history["budget"]) == list(range(1, len(history["budget"]) + 1))  # step = epochs trained, no duplicates
-        ends = [step for step in history["epoch"] if history["epoch"][step] == history["budget"][step]]
+        history = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)} for k in ("budget", "lr_now", "alpha_now")}
+        retrained = [m.step for m in client.get_metric_history(run.info.run_id, "retrained/train_loss")]
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert steps == list(range(1, len(steps) + 1)) == sorted(history["budget"])  # step = the schedule's epoch, once each
+        ends = [step for step in history["budget"] if step == history["budget"][step]]
         for step in ends:  # every decision point: the schedule of that budget has decayed the lr (step x 0.1) and heated alpha
             assert history["lr_now"][step] == pytest.approx(trial.user_attrs["config"]["lr"] * 0.1)
             if trial.user_attrs["config"]["loss"] == "softmax":
@@ -269,9 +269,13 @@ def test_budget_rungs_see_finished_schedules(budget_study):
         assert set(trial.intermediate_values) == {int(history["budget"][s]) for s in ends}  # Optuna: values at the budgets only
         if trial.state.name == "COMPLETE":
             assert set(trial.intermediate_values) == {2, EPOCHS} and trial.value == pytest.approx(trial.intermediate_values[EPOCHS])
-            assert trial.user_attrs["epochs_trained"] == 2 + (EPOCHS - 1)  # budget 4 continues after floor(0.75 x 2) = 1 epoch
+            assert steps == list(range(1, EPOCHS + 1)) and trial.user_attrs["epochs"] == EPOCHS
+            # budget 4 continues after floor(0.75 x 2) = 1 epoch: its epoch 2 is budget 2's trained again, logged apart
+            assert trial.user_attrs["epochs_trained"] == 2 + (EPOCHS - 1)
+            assert retrained == [2] and run.data.tags["retrained_epochs"] == "2"
         else:
             assert trial.state.name == "PRUNED" and set(trial.intermediate_values) == {2}
+            assert steps == [1, 2] and trial.user_attrs["epochs"] == 2 and not retrained
 
 
 def test_confirmation_runs_name_the_best_mean(budget_study, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from study import console, sync
-from study.launch.callbacks import MlflowTrials, result_metrics, result_step
+from study.launch.callbacks import MlflowTrials, result_metrics, result_step, result_trained
 from study.records import parent, tracking
 from study.records.ending import StudySummary, describe_optuna_study
 from study.records.trials import TrialRecorder
@@ -65,15 +65,17 @@ def ladder_result(budget: int, epoch: int, trained: int) -> dict:
 
 
 def test_mlflow_metrics_leave_out_what_the_step_says():
-    # one budget (asha, fifo, confirmation runs): epoch is the step and budget a constant
+    # one budget (asha, fifo, confirmation runs): epoch is the step, epochs trained too, and budget a constant
     single = result_metrics(ladder_result(budget=4, epoch=3, trained=3), max_epochs=4)
     assert set(single) == {"val_recall_at_1", "train_loss"}
-    # a ladder of budgets: the epoch within the budget differs from the step, and the report reads both
+    # a ladder of budgets: the step is the epoch within the budget; the budget, and the epochs trained (which the
+    # recorder tells a retrained epoch by), are logged beside it
     first = result_metrics(ladder_result(budget=1, epoch=1, trained=1), max_epochs=4)
     last = result_metrics(ladder_result(budget=4, epoch=2, trained=3), max_epochs=4)
-    assert set(first) == set(last) == {"val_recall_at_1", "train_loss", "budget", "epoch", "completed_budget"}
-    assert result_step(ladder_result(budget=4, epoch=2, trained=3)) == 3  # MLflow step = epochs trained
-    assert result_step({"training_iteration": 5}) == 5
+    assert set(first) == set(last) == {"val_recall_at_1", "train_loss", "budget", "completed_budget", "epochs_trained"}
+    assert result_step(ladder_result(budget=4, epoch=2, trained=3)) == 2  # MLflow step = the epoch of the schedule
+    assert result_trained(ladder_result(budget=4, epoch=2, trained=3)) == 3
+    assert result_step({"training_iteration": 5}) == result_trained({"training_iteration": 5}) == 5
 
 
 # ----------------------------------------------------------------------------- the config that applies

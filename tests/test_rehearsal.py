@@ -10,7 +10,7 @@ import pytest
 from study.launch import cli as launch
 from study.launch import tunestate
 from study.records.study_record import StudyRecord
-from tests.conftest import epochs_recorded
+from tests.conftest import assert_epochs_recorded
 from tests.test_launch import study_records
 from tests.test_resume import FREQUENT_SNAPSHOTS, epochs_logged, run_and_kill, run_driver
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def assert_recorded_once(runs, name: str, trials: int, storage: str | None = None) -> None:
     """One child run per Optuna trial; each trial that ended COMPLETE or PRUNED has every epoch it trained once, in
-    order (an attempt a kill cut short may have trained more, tagged: conftest.epochs_recorded); a trial orphaned by a
+    order (an attempt a kill cut short may have trained more, tagged: conftest.assert_epochs_recorded); a trial orphaned by a
     kill (started after Tune's last snapshot) is FAIL in Optuna and FAILED in MLflow."""
     client, parent, children, study = study_records(runs, name, storage=storage)
     assert parent[0].info.status == "FINISHED"
@@ -34,7 +34,7 @@ def assert_recorded_once(runs, name: str, trials: int, storage: str | None = Non
             continue
         assert run.info.status == "FINISHED", run.info.run_name
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-        assert steps == epochs_recorded(int(trial.user_attrs["epochs_trained"]), run.data.tags), (run.info.run_name, steps)
+        assert_epochs_recorded(steps, trial.user_attrs, run.data.tags, run.info.run_name)
 
 
 def test_a_rehearsal_runs_the_whole_study_on_more_slots_than_cores_without_data(runs, capsys, monkeypatch):

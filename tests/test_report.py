@@ -363,19 +363,20 @@ def assert_grid_report(client, uri: str, parent, by_conf: dict[str, list], out: 
 
 
 def test_finished_schedules_read_each_budget_at_its_end():
-    """A ladder trial (budgets 2, 4; budget 4 resumed after 1 epoch) logs steps 1..5; its rung values sit at steps 2 and 5."""
+    """A ladder trial (budgets 2, 4; budget 4 resumed after 1 epoch) logs steps 1..4, the epochs of its schedule (its
+    budget-4 epoch 2, retrained, under other names); its rung values sit at steps 2 and 4."""
     from types import SimpleNamespace
 
     from study.report.sections import finished_schedules
 
-    logged = {"budget": [2, 2, 4, 4, 4], "epoch": [1, 2, 2, 3, 4]}
+    logged = {"budget": [2, 2, 4, 4]}
 
     class Client:
         def get_metric_history(self, run_id, key):
             return [SimpleNamespace(step=i + 1, value=v, timestamp=i) for i, v in enumerate(logged[key])]
 
     run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="trial-a"), data=SimpleNamespace(tags={}))
-    histories = {"trial-a": {1: 0.1, 2: 0.5, 3: 0.3, 4: 0.4, 5: 0.9}}
+    histories = {"trial-a": {1: 0.1, 2: 0.5, 3: 0.4, 4: 0.9}}
     assert finished_schedules(Client(), [run], histories) == {"trial-a": {2: 0.5, 4: 0.9}}
 
 

@@ -294,7 +294,7 @@ def test_a_pruned_ladder_trial_has_intermediate_values_at_the_budgets_it_finishe
     (trial,) = searcher.study.get_trials()
     assert trial.state == TrialState.PRUNED
     assert trial.intermediate_values == {1: 0.4}
-    assert trial.user_attrs["epochs_trained"] == 2
+    assert trial.user_attrs["epochs"] == 1 and trial.user_attrs["epochs_trained"] == 2  # epoch 1 of budget 3 at the end
 
 
 def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
@@ -306,7 +306,7 @@ def test_a_complete_ladder_trial_has_each_budgets_value(searcher):
     (trial,) = searcher.study.get_trials()
     assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(0.7)
     assert trial.intermediate_values == {1: 0.4, 3: 0.7}
-    assert trial.user_attrs["epochs_trained"] == 4
+    assert trial.user_attrs["epochs"] == 3 and trial.user_attrs["epochs_trained"] == 4
 
 
 # -- the race's re-runs, in the search's own Tuner ---------------------------------------------

@@ -101,6 +101,14 @@ def test_epochs_from_mlflow_sums_each_child_runs_history():
     assert u.epochs_from_mlflow(client, "0", "parent", since=1002.0) == {"r1": [{"epoch_s": 11.0}]}
 
 
+def test_epochs_from_mlflow_counts_a_retrained_tail_as_time_in_the_trial():
+    """A ladder trial (budgets 2, 4 after 1 epoch of prefix): steps 1-4, and budget 4's epoch 2 under ``retrained/``."""
+    history = {"time/epoch_s": [(1, 10.0), (2, 11.0), (3, 13.0), (4, 14.0)], "retrained/time/epoch_s": [(2, 12.0)]}
+    epochs = u.epochs_from_mlflow(FakeMlflow({"r1": ("trial", history)}), "0", "parent")
+    assert epochs == {"r1": [{"epoch_s": 10.0}, {"epoch_s": 11.0}, {"epoch_s": 12.0}, {"epoch_s": 13.0}, {"epoch_s": 14.0}]}
+    assert [m.value for m in u.every_epoch(FakeMlflow({"r1": ("trial", history)}), "r1", "time/epoch_s")] == [10, 11, 12, 13, 14]
+
+
 def test_spans_from_optuna_by_hand():
     t0 = datetime.datetime(2025, 1, 1, 12, 0, 0)
     trials = [

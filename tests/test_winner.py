@@ -159,16 +159,16 @@ def test_the_report_of_the_study_leaves_the_params_a_trial_did_not_train_with_bl
     client, _, children, _ = study_records(runs, STUDY)
     out = reported
     text = (out / "report.md").read_text()
-    assert "The x axis counts the epochs each trial trained over every budget of the ladder" in text  # the curves' steps
+    assert "The x axis is the epoch of each trial's schedule, as MLflow's steps are" in text  # the curves' steps
     section = text.split(f"## Top trials by {METRIC}\n")[1].split("\n## ")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     by_name = {r.info.run_name: r for r in children}
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
     assert rows and "ice_scale" in header
-    # epochs: the budget of the schedule each (complete) trial finished, though its MLflow steps count 1 + 4 epochs
+    # epochs: the budget of the schedule each (complete) trial finished, its MLflow steps 1 to 4 (the retrained one apart)
     steps = {len(client.get_metric_history(by_name[row[0]].info.run_id, METRIC)) for row in rows}
-    assert {row[2] for row in rows} == {"4"} and steps == {5}
+    assert {row[2] for row in rows} == {"4"} and steps == {4}
     for row in rows:
         run = by_name[row[0]]
         active = run.data.tags["active_params"].split(",")
@@ -186,6 +186,8 @@ def test_trials_csv_gives_the_schedule_each_trial_finished(rehearsed, tmp_path):
     assert [int(r["number"]) for r in rows] == [t.number for t in study.trials]
     for row in rows:
         assert row["epochs"] == {"COMPLETE": "4", "PRUNED": "1"}[row["state"]], row
+        # Optuna's attrs: the schedule's epochs reached (its MLflow steps), and all it trained (budget 4 from scratch)
+        assert (row["user_attrs_epochs"], row["user_attrs_epochs_trained"]) == {"COMPLETE": ("4", "5"), "PRUNED": ("1", "1")}[row["state"]]
         assert (row["params_alpha"] == "") == (row["params_loss"] == "ice")
         assert (row["params_ice_scale"] == "") == (row["params_loss"] == "softmax")
 

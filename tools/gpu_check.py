@@ -76,12 +76,14 @@ def trial_rates(runs: Path, study: str, images: int) -> list[float]:
     """Each trial's training images per second of ``time/train_s``: an epoch trains (images // C k) batches of C x k."""
     import mlflow
 
+    from study.records.utilization import every_epoch
+
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     rates = []
     for run in client.search_runs(experiments, f"tags.study_name = '{study}' and tags.kind = 'trial'"):
         batch = int(run.data.params["classes_per_batch"]) * int(run.data.params["samples_per_class"])
-        seconds = [m.value for m in client.get_metric_history(run.info.run_id, "time/train_s")]
+        seconds = [m.value for m in every_epoch(client, run.info.run_id, "time/train_s")]
         if seconds:
             rates.append(len(seconds) * max(1, images // batch) * batch / sum(seconds))
     return rates

@@ -2,7 +2,7 @@
 
 The driver writes to MLflow (workers never do): one child run per Tune trial
 under the study's parent run, with the trial's params, every epoch's metrics
-(step = epochs trained, ``result_metrics``), its node and device, how it ended (``trial_state``, from
+(step = the epoch of the trial's schedule, ``result_step``; ``result_metrics``), its node and device, how it ended (``trial_state``, from
 ``study.search.trial.trial_outcome``), the config keys it trained with (tag ``active_params``; the params are those keys) and a
 final status (FINISHED, or FAILED with the reason). How the records reach MLflow, and wait while it is away, is
 ``study.records.trials.TrialRecorder``.
@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 
 ENDED = ("TERMINATED", "ERROR")  # a Tune trial's statuses once it has ended
 STRING_KEYS = ("node", "node_ip", "node_id", "device", "resumed_from_epoch")  # tags of the trial's run
-# The ladder's bookkeeping that MLflow's step already says (epochs_trained) or that is the searcher's (objective_step).
-STEP_KEYS = {"epochs_trained", "objective_step"}
+# The ladder's bookkeeping that MLflow's step already says (epoch) or that is the searcher's (objective_step).
+STEP_KEYS = {"epoch", "objective_step"}
 # Where a trial trains a single budget (its whole schedule), these repeat the step or a constant: left out.
-LADDER_KEYS = {"budget", "epoch", "completed_budget"}
+LADDER_KEYS = {"budget", "completed_budget", "epochs_trained"}
 SKIP_KEYS = {
     "training_iteration",
     "timestamp",
@@ -62,18 +62,24 @@ def trial_error_text(trial) -> str | None:
 
 
 def result_step(result: dict[str, Any]) -> int:
-    """The MLflow step of a Tune result: the epochs the trial has trained, over every budget."""
+    """The MLflow step of a Tune result: the epoch of the trial's schedule (within the budget it trains), 1 to N."""
+    return int(result.get("epoch", result.get("training_iteration", 0)))
+
+
+def result_trained(result: dict[str, Any]) -> int:
+    """The epochs a trial has trained by this result, over every budget (a retrained tail included): monotone, where
+    the step is not (a promoted trial trains its rung's tail again, at steps it has logged)."""
     return int(result.get("epochs_trained", result.get("training_iteration", 0)))
 
 
 def result_metrics(result: dict[str, Any], max_epochs: int) -> dict[str, float]:
     """The finite numeric metrics of a Tune result for MLflow, without Tune's bookkeeping or values the step says.
 
-    ``budget`` and ``epoch`` (within the budget) stay for a trial on a ladder of budgets, where they differ from
-    the step; a trial trained on one budget of ``max_epochs`` (its epoch is the step) records neither.
+    ``budget``, ``completed_budget`` and ``epochs_trained`` stay for a trial on a ladder of budgets, where they are
+    not the step's; a trial trained on one budget of ``max_epochs`` (every epoch trained once) records none of them.
     """
     drop = SKIP_KEYS | STEP_KEYS
-    if result.get("budget", max_epochs) == max_epochs and result.get("epoch", result_step(result)) == result_step(result):
+    if result.get("budget", max_epochs) == max_epochs and result_trained(result) == result_step(result):
         drop = drop | LADDER_KEYS
     return {k: float(v) for k, v in result.items() if k not in drop and is_finite_number(v)}
 
@@ -101,6 +107,7 @@ class MlflowTrials(Callback):
             "op": "result",
             "trial_id": trial.trial_id,
             "step": result_step(result),
+            "trained": result_trained(result),
             "metrics": result_metrics(result, self.max_epochs),
             "tags": {k: str(result[k]) for k in STRING_KEYS if k in result},
             "time_ms": int(time.time() * 1000),
@@ -124,8 +131,8 @@ class MlflowTrials(Callback):
 
 
 def trial_epochs(trial) -> int:
-    """The epochs a Tune trial has trained so far (0 before its first report)."""
-    return result_step(trial.last_result or {})
+    """The epochs a Tune trial has trained so far, over every budget (0 before its first report)."""
+    return result_trained(trial.last_result or {})
 
 
 def trial_epochs_left(epochs: float, rungs: Sequence[int], max_epochs: int, full: float) -> float:

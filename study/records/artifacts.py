@@ -59,8 +59,9 @@ def optuna_plot(path: Path, title: str, draw: Callable[[], Any]) -> Path:
 
 def trials_table(study: optuna.Study, children: dict[str, Any], metric: str, path: Path) -> Path:
     """``trials.csv``: number, ``metric``, state, params (blank where a trial did not sample one), user attrs (the
-    epochs it trained over every budget: ``user_attrs_epochs_trained``), the epochs of the schedule it finished and
-    its MLflow run id, one row per trial."""
+    last epoch of its schedule it reached, its MLflow curves' last step: ``user_attrs_epochs``; the epochs it trained
+    over every budget, a retrained tail included: ``user_attrs_epochs_trained``), the epochs of the schedule it
+    finished and its MLflow run id, one row per trial."""
     trials = study.get_trials(deepcopy=False)
     frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
     frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_config", "user_attrs_mlflow_run_id")])

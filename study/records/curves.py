@@ -37,7 +37,7 @@ class PrefetchedHistories:
         return getattr(self._client, name)
 
 
-CURVE_KEYS = ("budget", "epoch")  # with the study's metric: what a study's curves and schedule ends are read from
+CURVE_KEYS = ("budget",)  # with the study's metric: what a study's curves and schedule ends are read from
 
 
 def metric_history(client, run_id: str, key: str) -> dict[int, float]:
@@ -55,9 +55,11 @@ def trial_state(run) -> str:
     return run.data.tags.get("optuna_state", run.data.tags.get("trial_state", "?"))
 
 
-def schedule_ends(budget: dict[int, float], epoch: dict[int, float]) -> dict[int, int]:
-    """{step: budget} at the steps where a budget's schedule finished: the logged ``epoch`` equals the ``budget``."""
-    return {step: int(b) for step, b in budget.items() if epoch.get(step) == b}
+def schedule_ends(budget: dict[int, float]) -> dict[int, int]:
+    """{step: budget} at the steps where a budget's schedule finished: the step (the epoch) equals the logged
+    ``budget``. A rung's tail trained again is logged under other names (``retrained/``), so this is the point the
+    trial was judged on."""
+    return {step: int(b) for step, b in budget.items() if step == b}
 
 
 def _mark(steps: list[float]) -> float | tuple[float, float]:
@@ -69,9 +71,9 @@ def curve_marks(client, record: StudyRecord, trials: list) -> dict[str, float | 
     """Where the learning curves' steps meet the early stopping and the heating: {label: step, or (first, last) step}.
 
     Stock ASHA (and fifo) judges at the rung epochs of one schedule, and heating starts at
-    ``heating_start`` x epochs. With budget-aware rungs every budget is its own schedule, and a
-    trial's steps count the epochs it trained; a budget ends, and the last budget's heating
-    starts, at the steps read from the trial's ``budget`` and ``epoch`` records.
+    ``heating_start`` x epochs. With budget-aware rungs every budget is its own schedule: a budget
+    ends at the step (epoch) read from the trial's ``budget`` record, and the heating of the last
+    budget a trial trained starts at ``heating_start`` x that budget.
     """
     max_epochs = record.epochs
     budget_rungs = record.scheduler == "budget"
@@ -83,13 +85,11 @@ def curve_marks(client, record: StudyRecord, trials: list) -> dict[str, float | 
         if not budget_rungs:
             heating += [float(p["heating_start"]) * max_epochs] if heated else []
             continue
-        budget, epoch = metric_history(client, r.info.run_id, "budget"), metric_history(client, r.info.run_id, "epoch")
-        for step, b in schedule_ends(budget, epoch).items():
+        budget = metric_history(client, r.info.run_id, "budget")
+        for step, b in schedule_ends(budget).items():
             ends.setdefault(b, []).append(step)
         if heated and budget:
-            last = max(budget.values())
-            first = min(step for step, b in budget.items() if b == last)  # the step of its epoch epoch[first]
-            heating.append(first - epoch.get(first, 1) + float(p["heating_start"]) * last)
+            heating.append(float(p["heating_start"]) * max(budget.values()))
     if budget_rungs:
         marks = {f"budget {b} ends": _mark(steps) for b, steps in sorted(ends.items()) if b < max_epochs}
     else:
@@ -99,18 +99,15 @@ def curve_marks(client, record: StudyRecord, trials: list) -> dict[str, float | 
     return marks
 
 
-LADDER_AXIS = "epochs trained, over every budget"
-
-
 def draw_study_curves(client, record: StudyRecord, trials: list, histories: dict[str, dict[int, float]], out: Path) -> Path:
     """learning_curves.png in ``out``: the validation metric of every trial (``histories``) against its MLflow step, with
-    the rungs and the heating marked. On a ladder of budgets a trial's steps count every epoch it trained (the x axis says so)."""
+    the rungs and the heating marked. A trial's steps are the epochs of its schedule, on a ladder of budgets too (a
+    rung's tail trained again is not on its curve)."""
     states = {trial_key(r): trial_state(r) for r in trials}
     marks = curve_marks(client, record, trials)
-    xlabel = LADDER_AXIS if record.scheduler == "budget" else "epoch"
     title = f"{record.metric} against epoch, all {len(histories)} trials"
     return plots.curves(
-        histories, out / "learning_curves.png", ylabel=record.metric, title=title, states=states, marks=marks, xlabel=xlabel
+        histories, out / "learning_curves.png", ylabel=record.metric, title=title, states=states, marks=marks, xlabel="epoch"
     )
 
 

@@ -15,6 +15,10 @@ retries every ``retry_every_s``), at the end of the study, by a resumed study or
 Applying is idempotent: a run is found by its ``trial_id`` tag before one is created, and an epoch already
 logged is skipped, so an op applied just before a kill is not written twice.
 
+A result's step is the epoch of the trial's schedule (1 to N). A promoted trial trains its rung's tail again, at steps
+its run holds: those epochs go under ``retrained/<name>`` and the tag ``retrained_epochs`` (``RunBatch.add``). What
+is logged is told by ``epochs_trained`` (the op's ``trained``), monotone: a ladder's run logs it at every epoch.
+
 This module imports no Ray and no torch.
 """
 
@@ -28,8 +32,10 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import IO, Any
 
 import mlflow
@@ -38,7 +44,7 @@ from mlflow.entities import Metric, Param, RunTag
 
 from study.lines import Spool
 from study.records.tracking import child_runs, first_error_line, runs_dir
-from study.records.utilization import epoch_times
+from study.records.utilization import RETRAINED, epoch_times
 from study.search.journal import open_storage
 from trainables.core.config import ConfigError, TrainConfig, applicable_keys
 
@@ -47,14 +53,17 @@ log = logging.getLogger(__name__)
 # child runs of a study: the search's trials, and the top trials re-run with extra seeds (study.search.race)
 TRIAL_KINDS = ("trial", "confirmation")
 LOGGED_EVERY_EPOCH = "train_loss"  # a metric of every report: its steps are the epochs a run has recorded
+TRAINED = "epochs_trained"  # a ladder's metric of every epoch trained (retrained ones too): its values are monotone
+RETRAINED_TAG = "retrained_epochs"  # a run's tag: the steps it holds a retrained epoch at, "3-4" or "2,7-8"
 # A run's tag "FIRST-LAST": epochs its MLflow run holds from an attempt that was cut short (a killed driver, a trial
 # restarted without a checkpoint of them) and that the trial's last attempt, ended earlier, did not train again
+# (in epochs trained: ``epochs_trained``, the steps on one budget)
 LOST_EPOCHS_TAG = "epochs_of_a_lost_attempt"
 PERSIST_EVERY = 1024  # a long drain drops what it applied from the spool after this many ops, so a kill replays at most these
 CHUNK_OPS = 256  # ops applied together: each run's results in a chunk are one MLflow log_batch
 MAX_METRICS, MAX_TAGS = 1000, 100  # what one MLflow log_batch takes
 UNPICKLED = (
-    "_client", "_study", "_storage", "run_ids", "_runs_found", "logged_step", "_numbers", "_indexed", "applied_epochs",
+    "_client", "_study", "_storage", "run_ids", "_runs_found", "logged", "_numbers", "_indexed", "applied_epochs",
     "_wake", "_closing", "_writer", "_flushing",
 )  # fmt: skip
 
@@ -172,8 +181,9 @@ class TrialRecorder:
         self._storage: optuna.storages.BaseStorage | None = None  # the study's, opened once with it
         self.run_ids: dict[str, str] = {}
         self._runs_found = False  # run_ids holds the runs MLflow had when this connection was made (_find_runs)
-        self.logged_step: dict[str, int] = {}
-        self.reported_step: dict[str, int] = {}  # trial id -> the step of its last result op applied (its attempt's epoch)
+        self.logged: dict[str, Logged] = {}  # trial id -> what its run holds, read from MLflow once per connection
+        self.reported: dict[str, int] = {}  # trial id -> epochs trained by its last result op applied (its attempt's)
+        self.ladder: set[str] = set()  # trial ids whose results log epochs_trained (a ladder of budgets)
         self._numbers: dict[str, int] = {}  # Tune trial id -> Optuna trial number, read from the study once each
         self.applied_epochs: dict[str, list[tuple[int, dict[str, float]]]] = {}  # trial id -> (time_ms, timings) it wrote
         self._indexed = 0  # the Optuna trials read into _numbers
@@ -313,7 +323,7 @@ class TrialRecorder:
         if self._client is None:
             self._client = self.connect(self.tracking_uri)
             self._runs_found = False
-            self.logged_step.clear()  # read again, run by run, as their ops come (last_step)
+            self.logged.clear()  # read again, run by run, as their ops come (last_logged)
         return self._client
 
     def _find_runs(self) -> None:
@@ -329,12 +339,21 @@ class TrialRecorder:
                     self.run_ids[trial_id] = run.info.run_id
             self._runs_found = True
 
-    def last_step(self, trial_id: str) -> int:
-        """The last epoch the run of ``trial_id`` has logged (0: none), read from MLflow once per connection."""
-        if trial_id not in self.logged_step:
-            history = self.client.get_metric_history(self.run_ids[trial_id], LOGGED_EVERY_EPOCH)
-            self.logged_step[trial_id] = max((m.step for m in history), default=0)
-        return self.logged_step[trial_id]
+    def last_logged(self, trial_id: str) -> Logged:
+        """What the run of ``trial_id`` has logged, read from MLflow once per connection: on a ladder the history of
+        ``epochs_trained`` (a step it holds twice or more was retrained), else (or when it holds none) the steps of
+        ``LOGGED_EVERY_EPOCH``, each an epoch trained once."""
+        if trial_id not in self.logged:
+            run_id = self.run_ids[trial_id]
+            history = self.client.get_metric_history(run_id, TRAINED) if trial_id in self.ladder else []
+            if history:
+                steps = Counter(m.step for m in history)
+                retrained = {step for step, n in steps.items() if n > 1}
+                self.logged[trial_id] = Logged(int(max(m.value for m in history)), max(steps), frozenset(retrained))
+            else:
+                last = max((m.step for m in self.client.get_metric_history(run_id, LOGGED_EVERY_EPOCH)), default=0)
+                self.logged[trial_id] = Logged(last, last)
+        return self.logged[trial_id]
 
     @property
     def study(self) -> optuna.Study | None:
@@ -394,7 +413,7 @@ class TrialRecorder:
             if number is not None and kind == "trial":
                 self._link_optuna_trial(number, run.info.run_id)
             self.run_ids[trial_id] = run.info.run_id
-            self.logged_step[trial_id] = 0
+            self.logged[trial_id] = Logged()
         return self.run_ids[trial_id]
 
     def _apply_chunk(self, ops: list[dict[str, Any]]) -> None:
@@ -405,48 +424,76 @@ class TrialRecorder:
             kind = op.get("kind", "trial")
             run_id = self._run_id(trial_id, op.get("config"), kind, op.get("confirms" if kind != "trial" else "optuna_number"))
             if op["op"] == "result":
-                batch = batches.setdefault(trial_id, RunBatch(run_id, self.last_step(trial_id)))
-                batch.add(int(op["step"]), op["metrics"], int(op["time_ms"]), op["tags"])
-                self.reported_step[trial_id] = int(op["step"])
+                trained = int(op.get("trained", op["step"]))  # a spool written before ops said it: the step
+                if TRAINED in op["metrics"]:
+                    self.ladder.add(trial_id)
+                batch = batches.setdefault(trial_id, RunBatch(run_id, self.last_logged(trial_id)))
+                batch.add(int(op["step"]), trained, op["metrics"], int(op["time_ms"]), op["tags"])
+                self.reported[trial_id] = trained
             elif op["op"] in ("complete", "error"):
-                batch = batches.pop(trial_id, RunBatch(run_id, self.last_step(trial_id))).with_tags(op["tags"])
-                reported = self.reported_step.get(trial_id)
-                if reported is not None and batch.step > reported:  # the run holds epochs the last attempt did not reach
-                    batch.tags[LOST_EPOCHS_TAG] = f"{reported + 1}-{batch.step}"
+                batch = (batches.pop(trial_id, None) or RunBatch(run_id, self.last_logged(trial_id))).with_tags(op["tags"])
+                reported = self.reported.get(trial_id)
+                if reported is not None and batch.logged.trained > reported:  # epochs the last attempt did not reach
+                    batch.tags[LOST_EPOCHS_TAG] = f"{reported + 1}-{batch.logged.trained}"
                 self._write(trial_id, batch)
                 self.client.set_terminated(run_id, status="FINISHED" if op["op"] == "complete" else "FAILED")
         for trial_id, batch in batches.items():
             self._write(trial_id, batch)
 
     def _write(self, trial_id: str, batch: RunBatch) -> None:
-        """One run's gathered epochs and tags, in log_batch calls within MLflow's limits; its last step then counts as logged."""
+        """One run's gathered epochs and tags, in log_batch calls within MLflow's limits; they then count as logged."""
         metrics, tags = batch.metrics, [RunTag(k, v) for k, v in batch.tags.items()]
         for i in range(max(math.ceil(len(metrics) / MAX_METRICS), math.ceil(len(tags) / MAX_TAGS))):
             part = metrics[i * MAX_METRICS : (i + 1) * MAX_METRICS]
             self.client.log_batch(batch.run_id, metrics=part, tags=tags[i * MAX_TAGS : (i + 1) * MAX_TAGS])
-        self.logged_step[trial_id] = batch.step
+        self.logged[trial_id] = batch.logged
         self.applied_epochs.setdefault(trial_id, []).extend(batch.epochs)
+
+
+def epoch_ranges(steps: frozenset[int]) -> str:
+    """Steps as ranges: {2} -> "2", {3, 4} -> "3-4", {2, 7, 8} -> "2,7-8"."""
+    runs = [[s for _, s in group] for _, group in groupby(enumerate(sorted(steps)), key=lambda i_s: i_s[1] - i_s[0])]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+@dataclass(frozen=True)
+class Logged:
+    """What a trial's run holds: ``trained`` epochs (the last op's ``epochs_trained``), its main curves up to ``step``,
+    and the steps it holds a retrained epoch at."""
+
+    trained: int = 0
+    step: int = 0
+    retrained: frozenset[int] = frozenset()
 
 
 @dataclass
 class RunBatch:
-    """What a chunk of ops writes to one run: the epochs after ``step`` (the last logged), as MLflow metrics, and tags."""
+    """What a chunk of ops writes to one run: the epochs trained after ``logged``, as MLflow metrics, and tags."""
 
     run_id: str
-    step: int
+    logged: Logged
     metrics: list[Metric] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
     epochs: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (time_ms, the epoch's timings) of each new epoch
 
-    def add(self, step: int, metrics: dict[str, float], time_ms: int, tags: dict[str, str]) -> None:
-        """An epoch's report: its metrics unless that step is logged already (a retried epoch), its tags always
-        (where the trial runs, where it resumed from)."""
+    def add(self, step: int, trained: int, metrics: dict[str, float], time_ms: int, tags: dict[str, str]) -> None:
+        """An epoch's report, at ``step`` (the epoch of its schedule) after ``trained`` epochs: its metrics unless that
+        many are logged already (a retried epoch), under ``retrained/`` when the run's curves have that step (the
+        tail of a rung trained again by the next budget), and its tags always (where the trial runs, where it resumed
+        from)."""
         self.tags.update(tags)
-        if step <= self.step:
+        if trained <= self.logged.trained:
             return
-        self.metrics += [Metric(k, float(v), time_ms, step) for k, v in metrics.items()]
+        logged, names = self.logged, {k: k for k in metrics}
+        if step <= logged.step:
+            retrained = logged.retrained | {step}
+            names = {k: k if k == TRAINED else RETRAINED + k for k in metrics}
+            self.tags[RETRAINED_TAG] = epoch_ranges(retrained)
+            self.logged = Logged(trained, logged.step, retrained)
+        else:
+            self.logged = Logged(trained, step, logged.retrained)
+        self.metrics += [Metric(names[k], float(v), time_ms, step) for k, v in metrics.items()]
         self.epochs.append((time_ms, epoch_times(metrics)))
-        self.step = step
 
     def with_tags(self, tags: dict[str, str]) -> RunBatch:
         self.tags.update(tags)

@@ -20,6 +20,7 @@ study already keeps: MLflow child runs, the Optuna study.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ TIME_KEYS: dict[str, tuple[str, ...]] = {
 }
 # every spelling, and the canonical name itself (what the readers below return), -> the canonical name
 SPELLINGS: dict[str, str] = {spelling: name for name, spellings in TIME_KEYS.items() for spelling in (name, *spellings)}
+# the prefix of a retrained epoch's metrics (a rung's tail trained again by the next budget: study.records.trials)
+RETRAINED = "retrained/"
 
 TRIAL_KINDS = ("trial", "confirmation")  # the child runs of a study's parent run that train
 
@@ -142,15 +145,23 @@ def study_utilization(
 
 
 # ----------------------------------------------------------------------------- readers of a study's records
+def every_epoch(client, run_id: str, key: str) -> list:
+    """A run's ``key`` at every epoch it trained, in the order logged: its history and, on a ladder of budgets, that of
+    ``retrained/<key>`` (a rung's tail trained again, at steps the main history holds already)."""
+    points = [*client.get_metric_history(run_id, key), *client.get_metric_history(run_id, RETRAINED + key)]
+    return sorted(points, key=lambda m: (m.timestamp, m.step))
+
+
 def epochs_from_mlflow(
     client, experiment_id: str, parent_run_id: str, kinds: Iterable[str] = TRIAL_KINDS, since: float | None = None
 ) -> dict[str, list[dict[str, float]]]:
     """Child run id -> its epochs' timings, from the MLflow child runs of a study's parent run (public MlflowClient API).
 
-    Each timing's history is read in full (one value per logged step). A step logged before a
-    restart is not logged again (``TrialRecorder``), so a retried epoch counts once here.
-    ``since`` (seconds since the epoch) keeps the epochs logged from then on: a resumed study's
-    own session, whose wall time does not hold the epochs trained before the interruption.
+    Each timing's history is read in full (one value per logged step, and per retrained epoch under ``retrained/``:
+    a rung's tail trained again is time in the trial too). A step logged before a restart is not logged again
+    (``TrialRecorder``), so a retried epoch counts once here. ``since`` (seconds since the epoch) keeps the epochs
+    logged from then on: a resumed study's own session, whose wall time does not hold the epochs trained before the
+    interruption.
     """
     kinds = set(kinds)
     # filtered by parent only: the kinds are checked here (OR in filter strings is not supported by every MLflow store)
@@ -162,14 +173,17 @@ def epochs_from_mlflow(
     for run in runs:
         if run.data.tags.get("kind") not in kinds:
             continue
-        by_step: dict[int, dict[str, float]] = {}
-        for key in (k for k in run.data.metrics if k in SPELLINGS):
-            for point in client.get_metric_history(run.info.run_id, key):
+        by_epoch: dict[tuple[int, bool, int], dict[str, float]] = {}  # (step, retrained, the n-th epoch at that step)
+        for key in (k for k in run.data.metrics if k.removeprefix(RETRAINED) in SPELLINGS):
+            name, seen = key.removeprefix(RETRAINED), Counter()
+            for point in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp):
                 if since is not None and point.timestamp < since * 1000:
                     continue
-                by_step.setdefault(int(point.step), {}).update(epoch_times({key: point.value}))
-        if by_step:
-            out[run.info.run_id] = [by_step[step] for step in sorted(by_step)]
+                at = (int(point.step), key != name, seen[point.step])
+                seen[point.step] += 1
+                by_epoch.setdefault(at, {}).update(epoch_times({name: point.value}))
+        if by_epoch:
+            out[run.info.run_id] = [by_epoch[at] for at in sorted(by_epoch)]
     return out
 
 

@@ -192,15 +192,15 @@ def top_trials(
     notes = Paragraph(
         "epochs: the length of the schedule the trial finished, its budget. On a ladder of budgets a promoted trial "
         "trained more: it went on from its checkpoint taken before the tail (heating, lr decay) of the shorter budget it "
-        "was judged at, so that tail was trained and left behind, and its MLflow steps (epochs trained) run past its "
-        "budget. A blank cell: a parameter the trial did not train with (the other loss's, or one its schedule leaves unused)."
+        "was judged at, so that tail was trained again (its run's metrics retrained/..., its tag retrained_epochs). A "
+        "blank cell: a parameter the trial did not train with (the other loss's, or one its schedule leaves unused)."
     )
     return [Heading(2, f"Top trials by {metric}"), table, *([notes] if rows else [Paragraph("(no complete trial)")])]
 
 
 def schedule_epochs(run, history: dict[int, float]) -> int:
-    """The epochs of the schedule a trial's run finished: its last ``completed_budget`` on a ladder of budgets (where its
-    steps count every epoch trained, retrained tails included), else its epochs recorded."""
+    """The epochs of the schedule a trial's run finished: its last ``completed_budget`` on a ladder of budgets (where
+    its last step can be an epoch of a budget it did not finish), else its epochs recorded."""
     completed = run.data.metrics.get("completed_budget")
     return int(completed) if completed else len(history)
 
@@ -327,10 +327,11 @@ def importance_section(client, parent, record: StudyRecord, out: Path) -> list[B
 
 
 LADDER_NOTE = (
-    "The x axis counts the epochs each trial trained over every budget of the ladder, as MLflow's steps do: a trial "
-    "promoted at a budget went on from its checkpoint taken before that budget's tail (heating, lr decay), so that "
-    "tail's epochs are trained once for the judgement and left behind, and the curve falls back where the longer "
-    "schedule goes on. A trial that finished budget b has trained more than b epochs."
+    "The x axis is the epoch of each trial's schedule, as MLflow's steps are: a trial promoted at a budget went on "
+    "from its checkpoint taken before that budget's tail (heating, lr decay), so that tail's epochs were trained once "
+    "for the judgement and again by the longer schedule. The curve shows the judged ones (at step b, the end of "
+    "budget b's schedule), then the longer schedule from the epoch after; the run keeps the tail trained again as "
+    "retrained/<metric>. A trial that finished budget b has trained more than b epochs (its epochs_trained)."
 )
 
 
@@ -395,13 +396,12 @@ def _param_value(text: str) -> Any:
 def finished_schedules(client, trials: list, histories: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
     """Per trial of a study with budget-aware rungs: {budget: the metric at the end of that budget's schedule}.
 
-    Its steps are epochs trained over every budget; a schedule ends where the logged ``epoch`` equals ``budget``.
+    Its steps are the epochs of its schedule; a budget's schedule ends at the step that equals the logged ``budget``.
     """
     out = {}
     for r in trials:
         key = trial_key(r)
-        budget, epoch = metric_history(client, r.info.run_id, "budget"), metric_history(client, r.info.run_id, "epoch")
-        ends = schedule_ends(budget, epoch)
+        ends = schedule_ends(metric_history(client, r.info.run_id, "budget"))
         out[key] = {ends[s]: v for s, v in histories.get(key, {}).items() if s in ends}
     return out
 

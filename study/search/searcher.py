@@ -34,7 +34,7 @@ from study.search.journal import open_storage
 from study.search.race import ahead, race, race_rules, races, rerun_candidates
 from study.search.schedulers import SAMPLERS
 from study.search.spaces import Space
-from study.search.trial import COMPLETE, FAIL, PRUNED, is_finite_number, race_config, race_table, trial_outcome
+from study.search.trial import COMPLETE, FAIL, PRUNED, epochs_reached, is_finite_number, race_config, race_table, trial_outcome
 
 STATES = {COMPLETE: TrialState.COMPLETE, PRUNED: TrialState.PRUNED, FAIL: TrialState.FAIL}
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED)  # a trial that trained and was told: it counts among the study's
@@ -132,7 +132,8 @@ class OptunaSearcher(Searcher):
         trial = self._live.pop(trial_id)
         self._reported.pop(trial_id)
         state = trial_outcome(result, error=error, metric=self.metric, max_epochs=self.max_epochs)
-        if result and "epochs_trained" in result:
+        if result and "epochs_trained" in result:  # the schedule's epochs reached, and all it trained apart
+            trial.set_user_attr("epochs", epochs_reached(result))
             trial.set_user_attr("epochs_trained", int(result["epochs_trained"]))
         value = float(result[self.metric]) if state == COMPLETE else None
         try:

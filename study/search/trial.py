@@ -37,6 +37,14 @@ def epochs_done(last_result: Mapping[str, Any] | None) -> int:
     return int(result.get("completed_budget", result.get("training_iteration", 0)))
 
 
+def epochs_reached(last_result: Mapping[str, Any] | None) -> int:
+    """The last epoch of the trial's schedule it reached, the step its MLflow curves end at: the epoch of the budget it
+    trains or, while it trains a rung's tail again, the budget it finished (``completed_budget``); else
+    ``training_iteration``."""
+    result = last_result or {}
+    return max(int(result.get("epoch", result.get("training_iteration", 0))), int(result.get("completed_budget", 0)))
+
+
 def trial_outcome(last_result: Mapping[str, Any] | None, *, error: bool, metric: str, max_epochs: int) -> str:
     """COMPLETE, PRUNED or FAIL for a trial whose last reported result is ``last_result`` (see the module docstring)."""
     if error or not last_result or not is_finite_number(last_result.get(metric)):
@@ -45,8 +53,9 @@ def trial_outcome(last_result: Mapping[str, Any] | None, *, error: bool, metric:
 
 
 def epochs_trained(trial: Any) -> int:
-    """The epochs an Optuna trial (a FrozenTrial) trained over every budget: its ``epochs_trained`` user attribute,
-    else (a study recorded before it) one per reported value."""
+    """The epochs an Optuna trial (a FrozenTrial) trained over every budget, retrained tails included: its
+    ``epochs_trained`` user attribute, else (a study recorded before it) one per reported value. The epochs of its
+    schedule it reached are its ``epochs`` user attribute (:func:`epochs_reached`)."""
     return int(trial.user_attrs.get("epochs_trained", len(trial.intermediate_values)))
 
 
