@@ -53,15 +53,18 @@ def main(argv: list[str] | None = None) -> int:
             experiment_id = tracking.setup(uri, args.experiment)
         run = study_parent(uri, args.experiment, args.study, "--study")
         record = StudyRecord.from_params(run.data.params, where=f"study {args.study!r}")
-        study = optuna.load_study(study_name=args.study, storage=open_storage(record.optuna_storage))
-        storage = record.optuna_storage
-        recorder = TrialRecorder(uri, experiment_id, run.info.run_id, args.study, spool_path(args.study), optuna_storage=storage)
-        if run.info.status == "FINISHED" and recorder.queued() == 0:
-            print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run FINISHED, no records kept)")
-            return 0
-        wall_s = float(run.data.metrics.get("wall_time_s", 0.0))
-        named = {"experiment": args.experiment, "final_epochs": record.final_epochs}
-        summary = ending.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
+        # a study whose driver still runs (its search, or its race) writes its own records: the study's lock says so
+        advice = f"expected a study whose driver has ended (a running one writes its records itself); follow it: {console.ui_command(uri)}"
+        with locks.study_lock(locks.lock_folder(record.optuna_storage, tracking.runs_dir()), args.study, advice):
+            study = optuna.load_study(study_name=args.study, storage=open_storage(record.optuna_storage))
+            storage = record.optuna_storage
+            recorder = TrialRecorder(uri, experiment_id, run.info.run_id, args.study, spool_path(args.study), optuna_storage=storage)
+            if run.info.status == "FINISHED" and recorder.queued() == 0:
+                print(f"study {args.study}: nothing to sync; its MLflow records are complete (parent run FINISHED, no records kept)")
+                return 0
+            wall_s = float(run.data.metrics.get("wall_time_s", 0.0))
+            named = {"experiment": args.experiment, "final_epochs": record.final_epochs}
+            summary = ending.finish_study(study, recorder, record.metric, record.mode, wall_s, **named)
     except UsageError as error:
         return inputs.print_error(error)
     console.print_study_summary(dataclasses.replace(summary, uri=inputs.redacted(summary.uri)), record.metric)

@@ -175,6 +175,23 @@ def test_sync_of_a_complete_study_writes_nothing_and_says_so(study_store, runs, 
     assert len(client.get_metric_history(parent, "n_trials")) == 1 and client.get_run(parent).info.status == "FINISHED"
 
 
+def test_sync_of_a_study_whose_driver_still_runs_is_refused_naming_it_and_writes_nothing(study_store, runs, capsys):
+    """A study still racing (its parent RUNNING, its driver holding the study's lock): study.sync says who runs it and
+    how to follow it, exit 2. Before: it ended the study under the driver, printing "finished in 0 s" and a false
+    "MLflow could not be written"."""
+    from study.records import locks
+
+    uri, _, parent, _, client = study_store
+    folder = locks.lock_folder(study_url(runs), tracking.runs_dir())
+    with locks.study_lock(folder, "s"):  # the driver's, as study.launch holds it for the whole study
+        assert sync.main(["--study", "s", "--experiment", "naming"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --study s: the study is being run by pid ") and len(err.splitlines()) == 1, err
+    assert "a running one writes its records itself" in err and "mlflow ui" in err
+    run = client.get_run(parent)
+    assert run.info.status == "RUNNING" and "n_trials" not in run.data.metrics  # nothing ended, nothing written
+
+
 def spy_on_mlflow(monkeypatch) -> dict[str, list[str]]:
     """The filter strings of MlflowClient.search_runs and the run ids of MlflowClient.get_run, as they are called."""
     calls: dict[str, list[str]] = {"search_runs": [], "get_run": []}

@@ -65,16 +65,13 @@ def held_alone(path: Path, refusal: Callable[[str], str]) -> Iterator[Path]:
             fh.truncate()  # released: the file stays (unlinking could let two drivers lock two different files)
 
 
-def study_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManager[Path]:
-    """Holds study ``study_name``'s lock for the body; a second holder fails at once with ``StudyLocked`` naming the first."""
+def study_lock(folder: Path, study_name: str, advice: str = "") -> contextlib.AbstractContextManager[Path]:
+    """Holds study ``study_name``'s lock for the body; a second holder fails at once with ``StudyLocked`` naming the first.
+    ``advice``: what a command other than study.launch (which takes ``--study NAME``) says to do instead."""
     path = folder / f"{study_name}.lock"
-    return held_alone(
-        path,
-        lambda holder: (
-            f"--study-name {study_name}: the study is being run by {holder} (lock {path}); "
-            "expected no other driver of it: wait for that one to end, or stop it and --resume"
-        ),
-    )
+    flag = "--study" if advice else "--study-name"
+    advice = advice or "expected no other driver of it: wait for that one to end, or stop it and --resume"
+    return held_alone(path, lambda holder: f"{flag} {study_name}: the study is being run by {holder} (lock {path}); {advice}")
 
 
 def final_lock(folder: Path, study_name: str) -> contextlib.AbstractContextManager[Path]:
