@@ -14,9 +14,7 @@ embeddings the same, and what does the guard add? Bound: the median latency of o
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness
-from tests.test_serve_limits import HOSTILE, LOG_MODEL, VALID, post, start, stop, streamed
-from tests.test_serving import free_port
+from tests.test_serve_limits import HOSTILE, VALID, both_servers, post, streamed
 
 BOUND = 1.2  # ours' median latency over the stock server's
 OUT = harness.ROOT / "docs" / "bench" / "serve_edge"
@@ -54,31 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=50, help="valid requests to each server (default 50)")
     parser.add_argument("--big", action="store_true", help="also the 100 MB bodies and 250,000 images (a minute or more)")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="serve-edge-"))
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(harness.ROOT), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
-    logged = subprocess.run([sys.executable, "-c", LOG_MODEL, str(work), uri], capture_output=True, text=True, env=env, check=True)
-    model = logged.stdout.split()[-1]
-    ports = {"stock": free_port(), "ours": free_port()}
-    commands = {
-        "stock": [
-            str(bin_dir / "mlflow"),
-            "models",
-            "serve",
-            "-m",
-            model,
-            "--env-manager",
-            "local",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(ports["stock"]),
-        ],
-        "ours": [sys.executable, "-m", "study.serve", "-m", model, "-p", str(ports["ours"]), "--max-body-mb", "1"],
-    }
-    servers = [start(commands[name], env, ports[name], work / f"{name}.log", work) for name in ports]
-    try:
+    with both_servers(Path(tempfile.mkdtemp(prefix="serve-edge-"))) as ports:
         cases = {name: case[0] for name, case in HOSTILE.items()} | (BIG if args.big else {})
         hostile = {name: {server: timed(send, port) for server, port in ports.items()} for name, send in cases.items()}
         replies = {server: json.loads(post(port, VALID)[1])["predictions"] for server, port in ports.items()}
@@ -86,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.requests):
             for server, port in ports.items():
                 latency[server].append(timed(lambda p: post(p, VALID), port)[2])
-    finally:
-        for server in servers:
-            stop(server)
     same = np.array_equal(np.array(replies["stock"]), np.array(replies["ours"]))
     median = {server: statistics.median(times) for server, times in latency.items()}
     ratio = median["ours"] / median["stock"]

@@ -8,13 +8,14 @@ model and send each hostile request over a socket, then a valid one, whose embed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pytest
 
 from study.serve import cli
 from study.serve.guard import MAX_ERROR_BYTES, MIB, Guard, Limits, bounded, json_shape
-from tests.test_serving import free_port, wait_for_ping
+from tests.test_serving import free_port, stop_server, wait_for_ping
 
 # -- the scan and the cut, by hand -----------------------------------------------------------------------------------
 
@@ -167,52 +168,39 @@ def start(command: list[str], env: dict[str, str], port: int, log: Path, cwd: Pa
     return server
 
 
-def stop(server: subprocess.Popen) -> None:
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """{"stock": port, "ours": port}: `mlflow models serve` and `python -m study.serve --max-body-mb 1` on one model."""
-    work = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def both_servers(work: Path) -> Iterator[dict[str, int]]:
+    """{"stock": port, "ours": port}: `mlflow models serve` and `python -m study.serve --max-body-mb 1` on one model
+    logged under ``work``, stopped on leaving."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(root)}
+    bin_dir = Path(sys.executable).parent
+    path = f"{bin_dir}:{os.environ.get('PATH', '')}"  # mlflow models serve starts uvicorn from PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(root), "PATH": path}
     logged = subprocess.run(
         [sys.executable, "-c", LOG_MODEL, str(work), uri], capture_output=True, text=True, cwd=root, env=env, timeout=300
     )
     assert logged.returncode == 0, logged.stderr[-3000:]
     model = logged.stdout.split()[-1]
-    bin_dir = Path(sys.executable).parent
     ports = {"stock": free_port(), "ours": free_port()}
-    stock = [
-        str(bin_dir / "mlflow"),
-        "models",
-        "serve",
-        "-m",
-        model,
-        "--env-manager",
-        "local",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(ports["stock"]),
-    ]
-    ours = [sys.executable, "-m", "study.serve", "-m", model, "-p", str(ports["ours"]), "--max-body-mb", str(BODY_LIMIT_MB)]
-    env["PATH"] = f"{bin_dir}:{os.environ.get('PATH', '')}"  # mlflow models serve starts uvicorn from PATH
+    commands = {
+        "stock": [str(bin_dir / "mlflow"), "models", "serve", "-m", model, "--env-manager", "local", "-h", "127.0.0.1"],
+        "ours": [sys.executable, "-m", "study.serve", "-m", model, "--max-body-mb", str(BODY_LIMIT_MB)],
+    }
     running = []
     try:
-        for name, command in (("stock", stock), ("ours", ours)):
-            running.append(start(command, env, ports[name], work / f"{name}.log", work))
+        for name, command in commands.items():
+            running.append(start([*command, "-p", str(ports[name])], env, ports[name], work / f"{name}.log", work))
         yield ports
     finally:
         for server in running:
-            stop(server)
+            stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    with both_servers(tmp_path_factory.mktemp("serve")) as ports:
+        yield ports
 
 
 def exchange(port: int, head: bytes, chunks=()) -> tuple[int, bytes]:

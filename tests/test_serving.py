@@ -270,6 +270,16 @@ def wait_for_ping(server: subprocess.Popen, port: int, log: Path, deadline_s: fl
     pytest.fail(f"no answer on /ping within {deadline_s} s:\n{log.read_text()[-3000:]}")
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL if it is still there after 30 s."""
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def in_process_embeddings(uri: str, model_uri: str, images: np.ndarray, tmp_path: Path) -> np.ndarray:
     """mlflow.pyfunc.load_model(model_uri).predict(images) in a fresh Python (loading adds the model's code to sys.path)."""
     np.save(tmp_path / "x.npy", images)
@@ -334,10 +344,5 @@ def test_mlflow_models_serve_embeds_pngs_as_the_model_does_in_process(tmp_path, 
         assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE"
         assert reason.startswith("Error: got an array of int64") and "values from 0 to 1000" in reason and "expected" in reason
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
     assert "type hints" not in log.read_text()
