@@ -39,6 +39,8 @@ BOUNDARIES = [
     ("study.records.curves", TORCH + RAY),
     ("study.sync", TORCH + RAY),
     ("study.relocate", TORCH + RAY),
+    ("study.serve.cli", TORCH + RAY + MLFLOW),
+    ("study.serve.guard", TORCH + RAY + MLFLOW),
     ("study.console", TORCH + RAY),
     ("study.report.cli", TORCH + RAY),
     ("study.launch.cli", TORCH),

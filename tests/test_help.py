@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT
 
 HEAVY = ("torch", "torchvision", "ray", "mlflow", "optuna", "sklearn", "matplotlib")
-COMMANDS = ("study.launch", "study.final", "study.report", "study.sync", "study.relocate")
+COMMANDS = ("study.launch", "study.final", "study.report", "study.sync", "study.relocate", "study.serve")
 
 PROBE = """
 import contextlib, io, json, runpy, sys

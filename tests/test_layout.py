@@ -16,9 +16,9 @@ from tests.conftest import ROOT
 
 PACKAGES = ("study", "trainables")
 # the commands: a command's modules import no other command's (what two commands share lives below them)
-COMMANDS = ("study.launch", "study.final", "study.report", "study.sync", "study.relocate")
+COMMANDS = ("study.launch", "study.final", "study.report", "study.sync", "study.relocate", "study.serve")
 # the command line of each command: parsing, the human summary, the exit status
-CLI_MODULES = ("study.launch.cli", "study.final.cli", "study.report.cli", "study.sync", "study.relocate")
+CLI_MODULES = ("study.launch.cli", "study.final.cli", "study.report.cli", "study.sync", "study.relocate", "study.serve.cli")
 MAX_MODULE_LINES = 500
 MAX_CLI_LINES = 450
 

@@ -205,15 +205,14 @@ def test_a_tie_is_described_as_one_model_of_named_members_with_their_own_scores(
 def test_serve_commands_use_this_environment_and_an_absolute_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     serve, curl = serve_commands("sqlite:///runs/mlflow.db", "models:/s1-embedding/2", port=5001)
-    bin_dir = Path(sys.executable).parent
-    assert serve.startswith(f'PATH={bin_dir}:"$PATH" MLFLOW_TRACKING_URI=sqlite:///{tmp_path / "runs" / "mlflow.db"} ')
-    assert serve.endswith(f"{bin_dir / 'mlflow'} models serve -m models:/s1-embedding/2 --env-manager local -p 5001")
+    store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert serve == f"MLFLOW_TRACKING_URI={store} {sys.executable} -m study.serve -m models:/s1-embedding/2 -p 5001"
     payload = json.loads(curl.split(" -d '")[1].rstrip("'"))
     assert np.array(payload["inputs"]).shape == (1, 8, 8)  # one 8 x 8 image: its last axis is no channel count
     assert as_uint8_images(np.array(payload["inputs"], dtype=object)).shape == (1, 8, 8)
 
 
-# -- end to end: study.final --study, then `mlflow models serve` -----------------------------------------------------
+# -- end to end: study.final --study, then the stock `mlflow models serve` (study.serve: tests/test_serve_limits.py) ---
 
 
 def fake_study(uri: str, experiment: str, name: str, artifacts: Path) -> str:
@@ -271,6 +270,16 @@ def wait_for_ping(server: subprocess.Popen, port: int, log: Path, deadline_s: fl
     pytest.fail(f"no answer on /ping within {deadline_s} s:\n{log.read_text()[-3000:]}")
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL if it is still there after 30 s."""
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def in_process_embeddings(uri: str, model_uri: str, images: np.ndarray, tmp_path: Path) -> np.ndarray:
     """mlflow.pyfunc.load_model(model_uri).predict(images) in a fresh Python (loading adds the model's code to sys.path)."""
     np.save(tmp_path / "x.npy", images)
@@ -308,8 +317,8 @@ def test_mlflow_models_serve_embeds_pngs_as_the_model_does_in_process(tmp_path, 
     fake_study(uri, "e", "s1", tmp_path / "artifacts")
     assert final.main(["--study", "s1", "--seeds", "1", "--tracking-uri", uri, "--experiment", "e"]) == 0
     out = capsys.readouterr().out
-    serve_line = next(line.strip() for line in out.splitlines() if " models serve -m " in line)
-    registered = serve_line.split(" -m ")[1].split()[0]
+    serve_line = next(line.strip() for line in out.splitlines() if " -m study.serve -m " in line)
+    registered = serve_line.split(" -m ")[2].split()[0]
     assert registered == "models:/s1-embedding/1" and "curl -s http://127.0.0.1:5001/invocations" in out
     check_logged_model(uri, registered)
 
@@ -335,10 +344,5 @@ def test_mlflow_models_serve_embeds_pngs_as_the_model_does_in_process(tmp_path, 
         assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE"
         assert reason.startswith("Error: got an array of int64") and "values from 0 to 1000" in reason and "expected" in reason
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
     assert "type hints" not in log.read_text()

@@ -1,4 +1,5 @@
-"""How a final model is served: the REST commands study.final prints, with an image small enough to type."""
+"""How a final model is served: the REST commands study.final prints (``python -m study.serve``), with an image small
+enough to type."""
 
 from __future__ import annotations
 
@@ -16,20 +17,15 @@ CURL_IMAGE = [[0 if (1 <= r <= 6 and c in (3, 4)) or (1 <= c <= 6 and r in (3, 4
 
 
 def serve_commands(uri: str, model_uri: str, port: int = 5001) -> list[str]:
-    """Shell lines that serve ``model_uri`` over REST with this environment's mlflow, and ask it for one embedding.
+    """Shell lines that serve ``model_uri`` over REST with this environment's Python (``study.serve``: MLflow's scoring
+    app behind request limits), and ask it for one embedding.
 
-    The environment's bin folder leads PATH because ``mlflow models serve``
-    starts ``uvicorn`` from PATH: with only the full path to mlflow, an
-    environment that is not activated fails with "uvicorn: not found".
+    The interpreter is named by its full path and the store by an absolute URI, so the line works from any folder.
     """
-    bin_dir = Path(sys.executable).parent  # not resolved: a venv's python is a link out of its bin folder
     if store.is_local_sqlite(uri):  # the command must work from any folder
         uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
-    tool = shlex.quote(str(bin_dir / "mlflow")) if (bin_dir / "mlflow").is_file() else "mlflow"
-    serve = (
-        f'PATH={shlex.quote(str(bin_dir))}:"$PATH" MLFLOW_TRACKING_URI={shlex.quote(uri)} '
-        f"{tool} models serve -m {shlex.quote(model_uri)} --env-manager local -p {port}"
-    )
+    python = shlex.quote(sys.executable)  # not resolved: a venv's python is a link out of its bin folder
+    serve = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} {python} -m study.serve -m {shlex.quote(model_uri)} -p {port}"
     payload = json.dumps({"inputs": [CURL_IMAGE]}, separators=(",", ":"))
     curl = f"curl -s http://127.0.0.1:{port}/invocations -H 'Content-Type: application/json' -d '{payload}'"
     return [serve, curl]

@@ -1,0 +1,1 @@
+"""python -m study.serve: the final model over REST, behind request limits (``guard``)."""

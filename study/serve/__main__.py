@@ -1,0 +1,5 @@
+import sys
+
+from study.serve.cli import main
+
+sys.exit(main())
