@@ -22,6 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def epochs_logged(runs: Path, name: str, kind: str = "trial") -> list[int]:
+    """The epochs each run of study ``name`` has recorded as trained: on a ladder its ``epochs_trained`` (a promoted
+    trial's retrained tail counted; its steps are the epochs of its schedule, which a retrained epoch does not
+    advance), else its last step. [] while the study's store is being made."""
     db = runs / "mlflow.db"
     # the driver creates the Optuna journal after MLflow's database is set up: opening a client on the database
     # while the driver still migrates it would race with that migration
@@ -33,7 +36,9 @@ def epochs_logged(runs: Path, name: str, kind: str = "trial") -> list[int]:
         if exp is None:
             return []
         found = client.search_runs([exp.experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = '{kind}'")
-        return [max((m.step for m in client.get_metric_history(r.info.run_id, "train_loss")), default=0) for r in found]
+        trained = [max((m.value for m in client.get_metric_history(r.info.run_id, "epochs_trained")), default=0) for r in found]
+        steps = [max((m.step for m in client.get_metric_history(r.info.run_id, "train_loss")), default=0) for r in found]
+        return [int(max(t, s)) for t, s in zip(trained, steps, strict=True)]
     except Exception:  # the database is being created by the driver
         return []
 
