@@ -79,6 +79,6 @@ def test_a_rehearsal_killed_mid_study_and_its_torn_tune_state_resume_as_a_rehear
     out = run_driver(["--study-name", "rk", "--resume"], env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rehearsal (0.5 s per surrogate epoch" in out.stdout  # the study's own setting, from its record
-    assert "was torn" in out.stdout and "resuming from its last good copy" in out.stdout
+    assert "did not read back" in out.stdout and "resuming from its last good copy" in out.stdout
     assert_recorded_once(runs, "rk", 6)
     assert list(experiment.glob("experiment_state-*.json.torn"))  # what was cut short is kept for inspection

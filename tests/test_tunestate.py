@@ -12,7 +12,8 @@ from study.launch import tunestate
 
 def write_state(folder, snapshot: str, trials: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"experiment_state-{snapshot}.json").write_text(json.dumps({"trial_data": [[{"id": n}, {}] for n in range(trials)]}))
+    state = {"trial_data": [[{"id": n}, {}] for n in range(trials)], "runner_data": {}}
+    (folder / f"experiment_state-{snapshot}.json").write_text(json.dumps(state))
     (folder / f"search_gen_state-{snapshot}.json").write_bytes(pickle.dumps({"counter": trials}))  # Tune pickles it
 
 
@@ -38,6 +39,21 @@ def test_recover_puts_the_good_copy_back_whole_and_keeps_the_torn_files(tmp_path
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert names == ["experiment_state-a.json", "experiment_state-b.json.torn", "search_gen_state-a.json"]
     assert tunestate.recover(str(tmp_path)) == []  # whole again: nothing to do
+
+
+def test_an_experiment_state_without_what_tune_restores_from_is_put_back_from_the_good_copy(tmp_path):
+    """Valid JSON that is not Tune's state (a hand edit, another file copied over it): Tune's restore logged "Failed to
+    restore the run state" and started the experiment afresh, and --resume said nothing; now such a file counts as
+    torn, and the good copy is put back."""
+    write_state(tmp_path, "a", 3)
+    tunestate.keep_good_state(str(tmp_path))
+    state = tmp_path / "experiment_state-a.json"
+    for text in ("{}", "[]", '"x"', '{"trial_data": {}, "runner_data": {}}', '{"trial_data": [], "runner_data": []}'):
+        state.write_text(text)
+        assert not tunestate.readable(state), text
+        assert tunestate.keep_good_state(str(tmp_path)) is False  # never copied over the good one
+    assert tunestate.recover(str(tmp_path)) == ["experiment_state-a.json"]
+    assert json.loads(state.read_text())["trial_data"][2][0] == {"id": 2}
 
 
 def test_without_a_good_copy_a_torn_state_is_not_called_resumable(tmp_path):

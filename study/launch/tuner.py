@@ -123,7 +123,8 @@ def restored_tuner(settings: StudySettings, study: optuna.Study, recorder: Trial
     recorder.flush(force=True)  # records an interrupted study kept while MLflow was away
     local = "://" not in settings.experiment_dir
     if local and (torn := tunestate.recover(settings.experiment_dir)):
-        print(f"Tune's state of study {settings.name} was torn ({', '.join(torn)}, a full disk?): resuming from its last good copy")
+        what = f"{', '.join(torn)}: torn by a full disk, or not Tune's"
+        print(f"Tune's state of study {settings.name} did not read back ({what}): resuming from its last good copy")
     if local and (back := tunestate.put_back_checkpoints(settings.experiment_dir)):
         print(f"{len(back)} checkpoint(s) of study {settings.name} Tune deleted after its last snapshot: put back from its links")
     if local and not tunestate.whole(settings.experiment_dir):

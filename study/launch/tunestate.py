@@ -73,9 +73,15 @@ def kinds(files: list[Path]) -> set[str]:
     return {pattern for pattern in STATE_PATTERNS for path in files if path.match(pattern)}
 
 
+# What Tune's restore reads of its experiment state (Ray 2.60's TuneController): a file without them is no state to
+# resume from, and Tune would start the experiment afresh with a line in the log alone
+EXPERIMENT_KEYS = {"trial_data": list, "runner_data": dict}
+
+
 def readable(path: Path) -> bool:
-    """Whether a state file reads back whole: JSON parses (a large one: starts with '{' and ends with '}'), a pickle
-    loads (Tune writes its searchers' state as pickles, whatever the file's suffix)."""
+    """Whether a state file reads back whole: JSON parses (a large one: starts with '{' and ends with '}') and, for
+    the experiment's state, holds what Tune restores from (``EXPERIMENT_KEYS``); a pickle loads (Tune writes its
+    searchers' state as pickles, whatever the file's suffix)."""
     try:
         data = path.read_bytes()
         if data.lstrip()[:1] != b"{":
@@ -83,8 +89,10 @@ def readable(path: Path) -> bool:
             return True
         if len(data) > FULL_PARSE_BYTES:
             return data.rstrip()[-1:] == b"}"
-        json.loads(data)
-        return True
+        state = json.loads(data)
+        if path.match(STATE_PATTERNS[0]):
+            return all(isinstance(state.get(key), kind) for key, kind in EXPERIMENT_KEYS.items())
+        return isinstance(state, dict)
     except Exception:  # torn, empty, unreadable: not a state to resume from
         return False
 
