@@ -8,6 +8,7 @@ bombs, no key given twice. This module imports neither MLflow, Ray nor torch.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -79,7 +80,10 @@ def print_error(error: BaseException | str) -> int:
     return 2
 
 
-def disk_error(error: BaseException, codes: tuple[int, ...]) -> OSError | None:
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a file could not be written: a full or read-only disk
+
+
+def disk_error(error: BaseException, codes: tuple[int, ...] = DISK_ERRORS) -> OSError | None:
     """The ``OSError`` with an errno of ``codes`` (a full or read-only disk) that ``error`` is, or was raised from or
     while handling: Ray Tune turns an exception in a callback into a ``TuneError`` holding only its text."""
     seen: set[int] = set()

@@ -44,9 +44,8 @@ TIERS = {
     ),
     "mixed": (
         "test_cache.py", "test_credentials.py", "test_final.py", "test_gpu_check.py", "test_interrupts.py", "test_journal.py",
-        "test_launch.py", "test_presets.py",
-        "test_locks.py", "test_records.py", "test_relocate.py", "test_reliability.py", "test_report.py", "test_serve_limits.py", "test_serving.py",
-        "test_surrogate.py", "test_winner.py",
+        "test_launch.py", "test_presets.py", "test_locks.py", "test_records.py", "test_relocate.py", "test_reliability.py",
+        "test_report.py", "test_serve_limits.py", "test_serving.py", "test_surrogate.py", "test_winner.py",
     ),
 }  # fmt: skip
 FAULT_FILES = frozenset(TIERS["faults"])

@@ -20,7 +20,6 @@ import pytest
 
 from study import inputs
 from study.launch import tunestate
-from study.launch.run import DISK_ERRORS
 from tests.conftest import wait_for
 from tests.test_rehearsal import assert_recorded_once
 from tests.test_resume import epochs_logged, run_driver, start_driver
@@ -78,11 +77,11 @@ def test_a_full_filesystem_is_told_apart_and_named(tmp_path):
             except OSError:
                 raise RuntimeError("TuneError: Traceback ...") from None  # as Tune raises it: the cause only as context
         except RuntimeError as wrapped:
-            found = inputs.disk_error(wrapped, DISK_ERRORS)
+            found = inputs.disk_error(wrapped)
         assert found is full.value
         line = inputs.disk_error_line(found, [str(tmp_path)])
         assert line == f"{small / 'ray'}: No space left on device (0 bytes free on its filesystem)"
-        assert inputs.disk_error(ValueError("x"), DISK_ERRORS) is None
+        assert inputs.disk_error(ValueError("x")) is None
 
 
 def study_env(runs: Path) -> dict[str, str]:
@@ -165,6 +164,67 @@ def test_storage_path_fills_then_resume_finishes_the_study(tmp_path, moment):
         out = run_driver(["--study-name", name, "--resume"], env, timeout=300)
         assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
         assert_recorded_once(runs, name, 4)
+
+
+@pytest.mark.slow
+def test_a_report_on_a_full_disk_ends_in_one_line_and_leaves_no_partial_file(tmp_path):
+    """study.report --out on a full disk: exit 1, one line naming the folder and ENOSPC, no report file and no staging
+    folder left there, nothing uploaded to the study's run (before: an OSError traceback)."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    env, name = study_env(runs), "full-report"
+    done = run_driver([*STUDY, "--study-name", name], env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with small_filesystem(tmp_path / "small", "1m") as small:
+        fill(small)
+        out = small / "report"
+        report = subprocess.run(
+            [sys.executable, "-m", "study.report", "--study", name, "--out", str(out)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert report.returncode == 1, report.stderr[-3000:]
+        lines = report.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "No space left on device" in lines[0], report.stderr[-3000:]
+        assert str(small) in lines[0] and "no report was written" in lines[0]
+        assert not out.exists() or not any(out.iterdir())  # nothing half-written in --out
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("dml-studies").experiment_id], filter_string=f"tags.study_name = '{name}' and tags.kind = 'study'"
+    )
+    assert not [a.path for a in client.list_artifacts(parent.info.run_id, "report")]  # nothing uploaded
+
+
+def test_a_final_whose_runs_folder_fills_ends_in_one_line(tmp_path):
+    """study.final with its runs folder (the MLflow store, spool, logs, locks) on a disk that fills after its first
+    epoch: exit 1, one line naming the file and the full disk; with space again, the next study.final ends the runs it
+    left and trains. Before: a traceback ending in the spool's OSError."""
+    import mlflow
+
+    from tests.test_final import TINY, logged_epochs, write_config
+
+    config = write_config(tmp_path / "long.yaml", **{**TINY, "epochs": 500})
+    with small_filesystem(tmp_path / "small") as small:
+        env = study_env(small / "runs")
+        argv = [sys.executable, "-m", "study.final", "--config", str(config), "--seeds", "1"]
+        final = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+        try:
+            wait_for(lambda: logged_epochs(small / "runs" / "mlflow.db") > 0, 600, "study.final's first epoch", process=final)
+            fill(small)
+            out, err = final.communicate(timeout=600)
+        finally:
+            final.kill()
+        assert final.returncode == 1, err[-3000:]
+        assert_one_disk_full_line(final.returncode, err, small)  # beside it, one warning: the log file cannot be written
+        assert "study.final stopped" in err
+        (small / "filler").unlink()  # space again: the next final ends what this one left RUNNING, and trains
+        short = write_config(tmp_path / "short.yaml", **{**TINY, "epochs": 1})
+        argv[argv.index(str(config))] = str(short)
+        after = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+        assert after.returncode == 0, after.stderr[-3000:]
+        client = mlflow.MlflowClient(f"sqlite:///{small / 'runs' / 'mlflow.db'}")
+        found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert len(found) == 4 and "RUNNING" not in [r.info.status for r in found]  # two parents, two seeds
 
 
 # attach the SOP set under argv[1] at crop size argv[2] to a cache folder whose free space looked ample when it was

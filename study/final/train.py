@@ -428,41 +428,36 @@ def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalRes
         print(f"the study's race could not tell its candidates apart: the seeds train {tie}, as one model (--members pick: the pick alone)")
     close_abandoned(client, experiment_id)
     # on a cluster, checks that a node holds one seed's task before any run exists
-    unmarked: list[Path] = []  # the lock of runs a failure could not mark: left behind for the next study.final
-    try:
-        with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
-            owner = locks.owner_tags(lock)
-            writer = FinalWriter(uri, spool_of(lock), str(lock))
-            parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
-            target: Target | None = None  # set with the parent run: a failure marks the child runs it opened
-            try:
-                with uninterrupted():
-                    parent_id = open_parent(client, experiment_id, plan, owner)
-                writer.start()
-                with tempfile.TemporaryDirectory() as tmp:
-                    target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner, writer)
-                    outcomes = train_plan(client, plan, splits, target)
-                writer.close()
-            except BaseException as error:
-                if not stop_runs(client, writer, target.opened if target else [], None if plan.parent_run_id else parent_id, error):
-                    unmarked.append(lock)
-                    if isinstance(error, KeyboardInterrupt):
-                        raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
-                raise
-            try:
-                with uninterrupted():
-                    if plan.parent_run_id is None:
-                        writer.patiently(lambda _: client.set_terminated(parent_id, status="FINISHED"), "the parent run's end")
-                    elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
-                        writer.patiently(lambda _: note_study_retrained(client, parent_id, outcomes[0]), "the study's description")
-            except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
-                raise StoppedWhenDone(error.signum) from None
-            except KeyboardInterrupt as error:  # stopped while the server was away: the next study.final ends the parent
-                unmarked.append(lock)
-                raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
-    finally:
-        for lock in unmarked:
-            locks.leave_behind(lock)
+    with placing.session(placement), locks.process_lock(tracking.runs_dir() / "locks", "final") as lock:
+        owner = locks.owner_tags(lock)
+        writer = FinalWriter(uri, spool_of(lock), str(lock))
+        parent_id: str | None = None  # set once the parent run exists: a signal that waited for its writes marks it
+        target: Target | None = None  # set with the parent run: a failure marks the child runs it opened
+        try:
+            with uninterrupted():
+                parent_id = open_parent(client, experiment_id, plan, owner)
+            writer.start()
+            with tempfile.TemporaryDirectory() as tmp:
+                target = Target(experiment_id, parent_id, placement, device, args.num_workers, Path(tmp), data_root, owner, writer)
+                outcomes = train_plan(client, plan, splits, target)
+            writer.close()
+        except BaseException as error:
+            if not stop_runs(client, writer, target.opened if target else [], None if plan.parent_run_id else parent_id, error):
+                locks.keep(lock)  # for the next study.final, which ends the runs
+                if isinstance(error, KeyboardInterrupt):
+                    raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
+            raise
+        try:
+            with uninterrupted():
+                if plan.parent_run_id is None:
+                    writer.patiently(lambda _: client.set_terminated(parent_id, status="FINISHED"), "the parent run's end")
+                elif plan.study and not plan.grid:  # the study's description ends with what its pick measured on the test classes
+                    writer.patiently(lambda _: note_study_retrained(client, parent_id, outcomes[0]), "the study's description")
+        except StudyInterrupted as error:  # it waited for the last write: nothing is left to mark
+            raise StoppedWhenDone(error.signum) from None
+        except KeyboardInterrupt as error:  # stopped while the server was away: the next study.final ends the parent
+            locks.keep(lock)  # for the next study.final, which ends the runs
+            raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
     report = plan.study or (plan.run_name if plan.grid else None)
     return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import sys
 import time
 
@@ -30,9 +29,6 @@ from trainables.core.data import (
 )
 
 INPUT_ERRORS = (UsageError, ConfigError, DatasetError, SpaceError)
-
-
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a study file could not be written: one line and the resume command
 
 
 class NothingToRun(Exception):
@@ -128,7 +124,7 @@ def launch(args: argparse.Namespace) -> int:
         print(inputs.redacted(interrupted_message(error, settings)), file=sys.stderr)
         return interrupts.exit_code(error)
     except Exception as error:  # a full or read-only disk, also inside the TuneError Ray Tune makes of it: one line
-        disk = inputs.disk_error(error, DISK_ERRORS)
+        disk = inputs.disk_error(error)
         if disk is None:
             raise
         folders = [str(tracking.runs_dir())] + ([settings.record.storage_path] if settings is not None else [])

@@ -112,7 +112,8 @@ def store_setup_lock(tracking_uri: str) -> Iterator[None]:
 def process_lock(folder: Path, prefix: str) -> Iterator[Path]:
     """A lock of this process's own, held for the body: ``folder/PREFIX-<pid>-<random>.lock``, naming its holder. The
     records the process writes name it (``owner_tags``), so that a later process tells from ``abandoned`` whether
-    their writer is gone. Removed at the end of the body; left behind, unheld, when the process is killed."""
+    their writer is gone. Removed at the end of the body unless ``keep`` says otherwise; left behind, unheld, when the
+    process is killed."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
     with open(path, "w", encoding="utf-8") as fh:
@@ -122,14 +123,20 @@ def process_lock(folder: Path, prefix: str) -> Iterator[Path]:
         try:
             yield path
         finally:
-            path.unlink(missing_ok=True)
+            if path in _KEPT:
+                _KEPT.discard(path)
+            else:
+                path.unlink(missing_ok=True)
 
 
-def leave_behind(lock: Path) -> None:
-    """The released ``process_lock`` ``lock`` written again, unheld, naming this process: the records it owns were left
-    unended (their server away), and a later process finds it ``abandoned`` and ends them."""
-    with contextlib.suppress(OSError):
-        lock.write_text(holder_line() + "\n", encoding="utf-8")
+_KEPT: set[Path] = set()  # process locks whose records were left unended: kept on disk when their holder ends
+
+
+def keep(lock: Path) -> None:
+    """The ``process_lock`` ``lock`` stays on disk when its body ends (unheld once the process ends): the records it owns
+    were left unended (their store away or full), and a later process finds it ``abandoned`` and ends them. Writes
+    nothing: it must hold on a full disk."""
+    _KEPT.add(lock)
 
 
 def owner_tags(lock: Path) -> dict[str, str]:
