@@ -7,6 +7,7 @@ are skipped on a developer's machine and fail in CI (``$CI`` set), where it must
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -82,6 +83,28 @@ def test_the_report_page_shows_every_image_and_no_broken_link(finished, browser)
         browser.command("Emulation.clearDeviceMetricsOverride", {}, browser.session)
 
 
+@contextlib.contextmanager
+def mlflow_ui(store: str):
+    """An MLflow server of ``store`` on a free loopback port, as ``mlflow ui`` serves it; yields its address."""
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port)]
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no job runner: CPU the tests need
+    server = subprocess.Popen(
+        [*command, "--backend-store-uri", store, "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), 300, "the MLflow server", process=server)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
+
+
 def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -97,18 +120,8 @@ def test_the_printed_mlflow_address_opens_the_runs_table_of_the_study(finished, 
     parent = [r for r in parent if r.data.tags.get("kind") == "study"][0]
     printed = console.ui_command(store, parent.info.experiment_id, STUDY)  # what the study's last lines say
     page = re.search(r"http://127\.0\.0\.1:5000/(\S+)$", printed).group(1)
-    port = free_port()
-    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(
-        [*command, "--backend-store-uri", store, "--workers", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        wait_for(lambda: answers(f"http://127.0.0.1:{port}/health"), 300, "the MLflow server", process=server)
-        browser.navigate(f"http://127.0.0.1:{port}/{page}")
+    with mlflow_ui(store) as address:
+        browser.navigate(f"{address}/{page}")
         row = f"document.querySelector('a[href*=\"/runs/{parent.info.run_id}\"]')"  # the study's parent run, a row
         wait_for(lambda: browser.evaluate(f"{row} !== null && /matching runs/.test(document.body.innerText)"), 180, "the runs table")
         text = browser.evaluate("document.body.innerText")
@@ -121,6 +134,61 @@ def test_the_printed_mlflow_address_opens_the_runs_table_of_the_study(finished, 
         )
         assert links and links[0].endswith(parent.data.tags["picked_run"]), (links, parent.data.tags["picked_run"])
         assert "picked" in text and "val_recall_at_1" in text  # the columns that tell the runs apart
+        # one click further: the pick's run page. MLflow 3.17's link to a run drops the address's workflowType, and the
+        # page takes the browser's stored choice, GenAI in a fresh browser; one click on Model training there (README)
+        # stores it, and every run page after opens in the model-training views
+        pick_id = parent.data.tags["picked_run"]
+        pick = client.get_run(pick_id).info.run_name
+        on_run_page = f"document.body.innerText.includes({pick!r}) && /Overview/.test(document.body.innerText)"
+        browser.evaluate(f"document.querySelector('a[href$=\"{links[0]}\"]').click()")
+        wait_for(lambda: browser.evaluate(on_run_page), 180, "the pick's run page")
+        switch = "Array.from(document.querySelectorAll('*')).find(e => !e.children.length && e.innerText?.trim() === 'Model training')"
+        if "Judges" in browser.evaluate("document.body.innerText"):
+            browser.evaluate(f"{switch}.click()")
+            stored = "localStorage.getItem('mlflow.workflowType_v1') === '\"machine_learning\"'"
+            wait_for(lambda: browser.evaluate(stored), 60, "the choice stored")
+        browser.navigate(f"{address}/#/experiments/{parent.info.experiment_id}/runs/{pick_id}")  # no workflowType: the stored choice
+        wait_for(lambda: browser.evaluate(f"{on_run_page} && /Model metrics/.test(document.body.innerText)"), 180, "the run page again")
+        text = browser.evaluate("document.body.innerText")
+        assert "Judges" not in text, text[:2000]
+
+
+def test_the_registered_model_and_the_report_describe_a_tie_as_one_model_of_its_members(tmp_path, browser):
+    """A study whose race could not tell #4 from #7, retrained by study.final --study: the registered version's page
+    names each member (the pick marked), their own test scores and their mean beside the model's; the report's test
+    table is the tie as one model, then each member alone."""
+    import yaml
+
+    from study.final import cli as final
+    from study.records import parent, tracking
+    from tests.conftest import recorded_params
+    from tests.test_final import TINY, write_config
+
+    undo = use_runs(tmp_path / "runs")
+    try:
+        uri = tracking.resolve_tracking_uri(None)
+        client = mlflow.MlflowClient(uri)
+        best = write_config(tmp_path / "best_config.yaml")
+        tied = [{"trial": 4, "config": {**TINY}}, {"trial": 7, "config": {**TINY, "loss": "ice", "ice_scale": 32.0, "embedding_dim": 8}}]
+        (tmp_path / "tied_configs.yaml").write_text(yaml.safe_dump(tied))
+        parent_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded_params(final_epochs=2))
+        client.log_artifact(parent_id, str(tmp_path / "tied_configs.yaml"))
+        client.set_terminated(parent_id)
+        assert final.main(["--study", "s1"]) == 0
+        assert report.main(["--study", "s1"]) == 0
+        html = tmp_path / "runs" / "reports" / "s1" / "report.html"
+        store = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait()
+        undo()
+    with mlflow_ui(store) as address:
+        browser.navigate(f"{address}/#/models/s1-embedding/versions/1")
+        wait_for(lambda: browser.evaluate("/members' mean/.test(document.body.innerText)"), 180, "the registered version's description")
+        text = browser.evaluate("document.body.innerText")
+        assert "Optuna #4 (the pick, seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2) as one model" in text, text[:3000]
+        assert "#4 alone (the pick)" in text and "#7 alone" in text and "this model" in text
+        assert "Config of Optuna #7, seed 1" in text
+    browser.navigate(html.as_uri())
+    wait_for(lambda: browser.evaluate("document.readyState === 'complete'"), 60, "report.html")
+    text = browser.evaluate("document.body.innerText")
+    assert "the race's tie #4, #7, #4 as one model" in text, text[:3000]
+    assert "#7" in text and "alone" in text, text[:3000]
