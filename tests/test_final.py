@@ -744,15 +744,14 @@ def test_the_closing_lines_open_the_runs_table_and_name_the_report_of_a_study(ca
     config = TrainConfig.from_dict(TINY)
     seeds_done = (seed_result(0, 0.6, registered="models:/s1-embedding/1"),)
     only = ConfigurationResult("s1", config, seeds_done, summarize([s.test for s in seeds_done]) | {"time_per_seed_s_mean": 60.0})
-    print_summary(FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1"))
+    print_summary(FinalResult("s1", "sqlite:///x.db", "p", (only,), experiment_id="7", report="s1", study="s1"))
     out = capsys.readouterr().out
-    assert (
-        "ui --backend-store-uri sqlite:///x.db, then open http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning" in out
-    )
+    assert "open the MLflow UI at the study's runs, the pick first" in out  # the view the study printed, not the folded table
+    assert "then open http://127.0.0.1:5000/#/experiments/7/runs?viewStateShareKey=s1&workflowType=machine_learning" in out
     assert out.count(" -m study.report --study s1") == 1 and "--tracking-uri" not in out.split("study.report")[1].splitlines()[0]
     print_summary(FinalResult("s1", "http://10.0.0.1:5000", "p", (only,), experiment_id="7", report="s1"))
     out = capsys.readouterr().out
-    assert "open http://10.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning in a browser" in out
+    assert "open http://10.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning in a browser" in out  # a grid's
     assert " -m study.report --study s1 --tracking-uri http://10.0.0.1:5000" in out
     print_summary(FinalResult("tiny", "sqlite:///x.db", "p", (only,), experiment_id="7"))
     assert "study.report" not in capsys.readouterr().out

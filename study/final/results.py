@@ -70,6 +70,7 @@ class FinalResult:
     experiment: str = ""
     experiment_id: str = ""  # the MLflow UI's page of the runs names it
     report: str | None = None  # the study (--study) or grid (--space) that study.report --study turns into a report
+    study: str | None = None  # the study retrained (--study): the MLflow UI opens at its runs, the pick first
 
     @property
     def grid(self) -> bool:

@@ -50,7 +50,9 @@ def report_command(result: FinalResult) -> str:
 def print_next(result: FinalResult) -> None:
     """The MLflow UI command with the address of the experiment's runs table, the report command (a study's or a grid's),
     the serve commands and where library warnings went."""
-    print(f"\nopen the MLflow UI:  {console.ui_command(inputs.redacted(result.uri), result.experiment_id or None)}")
+    ui = console.ui_command(inputs.redacted(result.uri), result.experiment_id or None, result.study)
+    what = "at the study's runs, the pick first (the final runs after the trials)" if result.study else "at the experiment's runs"
+    print(f"\nopen the MLflow UI {what}:  {ui}")
     if result.report:
         print(f"write the report (tables, curves, retrieval grids, t-SNE maps):  {report_command(result)}")
     print_serving(result)

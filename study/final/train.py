@@ -459,7 +459,8 @@ def train_final(args: argparse.Namespace, uri: str, plan: FinalPlan) -> FinalRes
             locks.keep(lock)  # for the next study.final, which ends the runs
             raise StoppedUnmarked(signal.Signals[signal_name(error)], writer.queue.path) from error
     report = plan.study or (plan.run_name if plan.grid else None)
-    return FinalResult(plan.name, uri, parent_id, outcomes, experiment=plan.experiment, experiment_id=experiment_id, report=report)
+    named = {"experiment": plan.experiment, "experiment_id": experiment_id, "report": report, "study": plan.study}
+    return FinalResult(plan.name, uri, parent_id, outcomes, **named)
 
 
 def note_study_retrained(client, study_parent_id: str, outcome: ConfigurationResult) -> None:
