@@ -373,7 +373,7 @@ def test_plan_of_a_config_file(tmp_path):
     assert (plan.name, plan.run_name, plan.experiment, plan.source) == ("tiny", "final-tiny", "final", str(config))
     assert [name for name, _ in plan.configurations] == ["tiny"] and plan.configurations[0][1].epochs == 1
     assert not plan.grid and plan.prefix == "" and plan.parent_run_id is None and plan.register is None
-    assert plan.seed_values() == [0, 1] and plan.seed_run_name("tiny", 1) == "final-tiny-seed1"
+    assert plan.seed_values() == [0, 1] and plan.seed_run_name("tiny", 1) == "final-seed1-tiny"
 
 
 def test_plan_of_a_space_names_each_configuration():

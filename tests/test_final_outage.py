@@ -64,7 +64,7 @@ def test_a_final_trains_on_through_a_stalled_server_and_records_everything_once_
     with mlflow_server(tmp_path / "server", port) as server:
         final = Final(final_argv(config, uri), env)
         try:
-            wait_for(lambda: seed_points(uri, "final-tiny-seed0"), 600, "the seed's first epoch in MLflow", process=final.process)
+            wait_for(lambda: seed_points(uri, "final-seed0-tiny"), 600, "the seed's first epoch in MLflow", process=final.process)
             server.stall()
             # the training goes on to its last epoch while the server answers nothing
             wait_for(lambda: final.printed(f"epoch {epochs:3d}/{epochs}"), 600, "the last epoch", process=final.process)
@@ -97,7 +97,7 @@ def test_a_final_stopped_while_its_server_is_away_is_ended_by_the_next_one(tmp_p
     with mlflow_server(tmp_path / "server", port) as server:
         final = Final(final_argv(write_config(tmp_path / "long.yaml", epochs=500), uri), env)
         try:
-            wait_for(lambda: seed_points(uri, "final-long-seed0"), 600, "the seed's first epoch in MLflow", process=final.process)
+            wait_for(lambda: seed_points(uri, "final-seed0-long"), 600, "the seed's first epoch in MLflow", process=final.process)
             server.stall()
             wait_for(lambda: final.printed("does not answer"), 600, "the line that says MLflow is away", process=final.process)
             printed = sum(" epoch " in line and "/500" in line for line in list(final.lines))  # the epoch lines
@@ -117,7 +117,7 @@ def test_a_final_stopped_while_its_server_is_away_is_ended_by_the_next_one(tmp_p
         assert "marked KILLED 2 run(s) an earlier study.final left RUNNING" in after.stdout
         client = mlflow.MlflowClient(uri)
         runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
-        stopped = runs["final-long-seed0"]
+        stopped = runs["final-seed0-long"]
         assert stopped.info.status == "KILLED" and stopped.data.tags["failure_reason"].startswith("orphaned: ")
         steps = sorted(m.step for m in client.get_metric_history(stopped.info.run_id, "train_loss"))
         assert steps == list(range(1, len(steps) + 1)) and len(steps) >= printed  # every epoch printed, kept and written once

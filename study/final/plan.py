@@ -209,10 +209,11 @@ class FinalPlan:
         return f"{self.source} ({name})" if self.grid else self.source
 
     def seed_run_name(self, name: str, seed: int) -> str:
-        return f"{name}-seed{seed}" if self.grid else f"final-{self.name}-seed{seed}"
+        """A seed's run: what tells the runs apart first, as MLflow's runs table shows a name's first 20-odd characters."""
+        return f"{name}-seed{seed}" if self.grid else f"final-seed{seed}-{self.name}"
 
     def ensemble_run_name(self, name: str) -> str:
-        return f"{name}-ensemble" if self.grid else f"final-{self.name}-ensemble"
+        return f"{name}-ensemble" if self.grid else f"final-ensemble-{self.name}"
 
 
 def make_plan(args: argparse.Namespace, uri: str) -> FinalPlan:
