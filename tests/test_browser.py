@@ -157,23 +157,12 @@ def test_the_registered_model_and_the_report_describe_a_tie_as_one_model_of_its_
     """A study whose race could not tell #4 from #7, retrained by study.final --study: the registered version's page
     names each member (the pick marked), their own test scores and their mean beside the model's; the report's test
     table is the tie as one model, then each member alone."""
-    import yaml
-
     from study.final import cli as final
-    from study.records import parent, tracking
-    from tests.conftest import recorded_params
-    from tests.test_final import TINY, write_config
+    from tests.test_final import tied_study
 
     undo = use_runs(tmp_path / "runs")
     try:
-        uri = tracking.resolve_tracking_uri(None)
-        client = mlflow.MlflowClient(uri)
-        best = write_config(tmp_path / "best_config.yaml")
-        tied = [{"trial": 4, "config": {**TINY}}, {"trial": 7, "config": {**TINY, "loss": "ice", "ice_scale": 32.0, "embedding_dim": 8}}]
-        (tmp_path / "tied_configs.yaml").write_text(yaml.safe_dump(tied))
-        parent_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded_params(final_epochs=2))
-        client.log_artifact(parent_id, str(tmp_path / "tied_configs.yaml"))
-        client.set_terminated(parent_id)
+        tied_study(tmp_path)
         assert final.main(["--study", "s1"]) == 0
         assert report.main(["--study", "s1"]) == 0
         html = tmp_path / "runs" / "reports" / "s1" / "report.html"

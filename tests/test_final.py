@@ -476,12 +476,10 @@ def test_a_study_is_retrained_to_its_recorded_final_budget(tmp_path, runs):
     assert epochs("--study", "older") == 3
 
 
-@pytest.mark.faults
-def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_path, runs, capsys):
-    """A study whose race could not tell #4 from #7 (its tied_configs.yaml, as the study writes it): study.final --study
-    trains seed k with the k-th tied candidate, cycling (#4, #7, #4 with seeds 0, 1, 2), each seed run tagged with its
-    trial and holding its own config; the three as one model is registered, named by trial and seed, and embeds as the
-    three side by side (16 + 8 + 16 wide). --members pick trains the pick alone; --members needs --study."""
+def tied_study(tmp_path: Path) -> tuple[str, mlflow.MlflowClient, str, Path]:
+    """A finished study "s1" in the runs folder's store whose race could not tell #4 (softmax) from #7 (ICE, 8-d): its
+    parent run with best_config.yaml's config and tied_configs.yaml, as the study writes them, trained to 2 epochs.
+    Returns (tracking URI, client, parent run id, the best config's file)."""
     from study.records import parent, tracking
     from tests.conftest import recorded_params
 
@@ -493,6 +491,16 @@ def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_pa
     parent_id = parent.create_parent_run(client, tracking.setup(uri, "dml-studies"), "s1", str(best), recorded_params(final_epochs=2))
     client.log_artifact(parent_id, str(tmp_path / "tied_configs.yaml"))
     client.set_terminated(parent_id)
+    return uri, client, parent_id, best
+
+
+@pytest.mark.faults
+def test_an_undecided_race_is_trained_as_its_tied_candidates_in_one_model(tmp_path, runs, capsys):
+    """A study whose race could not tell #4 from #7 (its tied_configs.yaml, as the study writes it): study.final --study
+    trains seed k with the k-th tied candidate, cycling (#4, #7, #4 with seeds 0, 1, 2), each seed run tagged with its
+    trial and holding its own config; the three as one model is registered, named by trial and seed, and embeds as the
+    three side by side (16 + 8 + 16 wide). --members pick trains the pick alone; --members needs --study."""
+    uri, client, parent_id, best = tied_study(tmp_path)
     assert final.main(["--study", "s1"]) == 0
     out = capsys.readouterr().out
     assert "the seeds train Optuna #4 (seed 0), Optuna #7 (seed 1), Optuna #4 (seed 2), as one model" in out
