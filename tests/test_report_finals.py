@@ -81,7 +81,7 @@ def test_a_final_of_the_races_tie_is_tabled_as_one_model_beside_each_members_own
 
 
 class Artifacts:
-    """download_artifacts of one parent run holding ``selection.json`` with ``text``."""
+    """download_artifacts of one parent run whose file (``selection.json``, ``best_config.yaml``) holds ``text``."""
 
     def __init__(self, text: str | None):
         self.text = text
@@ -115,6 +115,30 @@ def test_a_hand_edited_selection_is_refused_naming_the_file(tmp_path, text, fiel
 
     with pytest.raises(UsageError, match=rf"^selection.json of study s: not the race's record the study writes \({field}"):
         recorded_selection(Artifacts(text), PARENT, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("a string", "expected a mapping of config keys, got str"),
+        ("[1, 2]", "expected a mapping of config keys, got list"),
+        ("lossy: 1", "unknown key 'lossy'"),
+        ("lr: -1", "lr=-1.0 is not allowed"),
+        ("loss: [softmax", "YAML syntax error"),
+    ],
+)
+def test_a_hand_edited_best_config_is_refused_naming_the_file(tmp_path, text, why):
+    """The report shows the config study.final --study retrains, so it reads it by the same rule. Before: a plain
+    string or a list ended the report in an AttributeError traceback, and an unknown key or value was shown as the
+    study's config."""
+    from study.inputs import UsageError
+    from study.report.sections import best_config
+
+    with pytest.raises(UsageError, match=r"^best_config.yaml of study s(:\d+:\d+)?: ") as refused:
+        best_config(Artifacts(text), PARENT, tmp_path)
+    assert why in str(refused.value) and "\n" not in str(refused.value)
+    shown = best_config(Artifacts("loss: ice\nice_scale: 32.0\nepochs: 4\n"), PARENT, tmp_path, final_epochs=8)
+    assert "for 8 epochs" in shown[0].text[-1] and "ice_scale: 32.0" in shown[1].text
 
 
 def test_a_study_without_a_race_has_no_selection(tmp_path):

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from study import inputs, plots
 from study.records import artifacts, tracking
@@ -18,7 +17,7 @@ from study.records.trials import ACTIVE_PARAMS_TAG, active_params
 from study.report.document import Block, Bullets, Code, Heading, Image, Inline, Paragraph, Preformatted, Strong, Table
 from study.search.race import selection_from_record, standing
 from study.search.schedulers import describe_rule
-from trainables.core.config import TrainConfig
+from trainables.core.config import ConfigError, TrainConfig
 
 CONFIG_KEYS = frozenset(TrainConfig.keys())
 TABLE_METRICS = (
@@ -245,8 +244,14 @@ def best_config(client, parent, out: Path, picked: bool = False, final_epochs: i
         text = Path(client.download_artifacts(parent.info.run_id, "best_config.yaml", str(out / "tmp"))).read_text()
     except Exception:  # no complete trial, or the study has not ended
         return []
+    source = f"best_config.yaml of study {parent.data.tags.get('study_name')}"
+    values = inputs.parse_yaml(text, source, "a mapping of config keys")
+    try:  # what study.final --study retrains: the same check, so a hand edit is refused here as it is there
+        TrainConfig.from_dict(values, source=source)
+    except (ConfigError, TypeError, ValueError) as error:
+        raise inputs.UsageError(str(error).splitlines()[0]) from None
     which = "The picked trial's config" if picked else "The best trial's config"
-    trials_epochs = (yaml.safe_load(text) or {}).get("epochs")
+    trials_epochs = values.get("epochs")
     longer = f" for {final_epochs} epochs (its epochs below are the trials' budget; every schedule scales with it)"
     return [
         Paragraph(
