@@ -60,18 +60,19 @@ def misses(found: list[tuple[float, float | None]]) -> list[tuple[float, float, 
 
 def table(found: list[tuple[float, float | None]]) -> tuple[list[str], str]:
     """The table's lines (elapsed, estimate, truth, error) and a summary sentence."""
-    end, rows = found[-1][0], misses(found)
-    errors = [error for *_, error in rows]
+    end, missed = found[-1][0], misses(found)
+    errors = [error for *_, error in missed]
     rows = harness.table(
         ["elapsed s", "estimate s", "truth s", "error"],
-        ((f"{e:.0f}", f"{left:.0f}", f"{truth:.0f}", f"{error:+.0%}") for e, left, truth, error in rows),
+        ((f"{e:.0f}", f"{left:.0f}", f"{truth:.0f}", f"{error:+.0%}") for e, left, truth, error in missed),
     )
     within = sum(abs(e) <= 0.5 for e in errors)
     worst = max(errors, key=abs, default=0.0)
     first = next((elapsed for elapsed, left in found if left is not None), None)
+    first_error = next((f" ({error:+.0%})" for elapsed, *_, error in missed if elapsed == first), "")
     summary = (
         f"{within} of {len(errors)} estimates within 50 % of the truth (worst {worst:+.0%}); "
-        f"the first estimate at {first} s of {end:.0f} s; {sum(left is None for _, left in found)} lines without one"
+        f"the first estimate at {first} s of {end:.0f} s{first_error}; {sum(left is None for _, left in found)} lines without one"
     )
     return rows, summary
 
@@ -198,6 +199,41 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
     )
 
 
+def replay_time_left(lines: list[str], trials: dict[str, tuple[str, list[float]]], params: dict[str, str]) -> str:
+    """Every line's time left made again with this checkout's rule (``callbacks.study_time_left``) on the state the
+    study's records give for that moment, the lines the study printed without one included: when the first estimate
+    comes, how far it is from the truth, and how many are within 50 % of it (over the lines before the last epoch)."""
+    from study.launch.callbacks import study_time_left
+    from study.records.study_record import StudyRecord
+    from study.search.schedulers import ladder
+
+    record = StudyRecord.from_params(params, where="the study's parent run")
+    rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
+    study = (record.num_samples, record.epochs, rungs, (record.confirm_top, record.val_folds, record.confirm_budget))
+    times, by_epoch = epoch_times(trials)
+    found, offset = progress_found(lines, by_epoch)
+    end, total = found[-1][0], len(times)
+    errors = []
+    for elapsed, _ in found:
+        when = elapsed + offset
+        ended, running, reruns = state_at(trials, when)
+        trained = bisect.bisect_right(times, when)
+        if trained >= total or end - elapsed <= 0:
+            continue
+        done = sum(ended) + sum(running) + sum(reruns[1])  # what the progress line counts: no ended re-run's epochs
+        left = study_time_left((times[0], 1), (when, done), ended, running, reruns, study)
+        if left is not None:
+            errors.append((elapsed, (left - (end - elapsed)) / (end - elapsed)))
+    if not errors:
+        return "Replayed with this checkout's time left: no estimate"
+    within = sum(abs(e) <= 0.5 for _, e in errors)
+    worst = max((e for _, e in errors), key=abs)
+    return (
+        f"Replayed with this checkout's time left: the first estimate at {errors[0][0]:.0f} s ({errors[0][1]:+.0%}); "
+        f"{within} of {len(errors)} within 50 % (worst {worst:+.0%})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.eta", description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path, help="the study's saved stdout")
@@ -217,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         trials, params = study_records(args.runs, args.study)
         text += "\n" + split_errors(lines, *epoch_times(trials)) + "\n"
         text += "\n" + replay(lines, trials, params) + "\n"
+        text += "\n" + replay_time_left(lines, trials, params) + "\n"
     print(text)
     if args.markdown:
         harness.write(args.markdown, text)

@@ -210,6 +210,26 @@ def study_epochs_left(
     return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs)
 
 
+def study_time_left(
+    first: tuple[float, int] | None,
+    now: tuple[float, int],
+    ended: list[int],
+    running: list[int],
+    reruns: tuple[int, list[int]],
+    study: tuple[int, int, Sequence[int], tuple[int, int, float]],
+) -> float | None:
+    """Seconds a study still needs: :func:`study_epochs_left` of ``ended`` and ``running`` search trials and the
+    re-runs (``reruns``: started, the running ones' epochs) at the pace (:func:`pace_since`) from ``first`` (the first
+    reported epoch, Ray's start-up left out) to ``now``, each (time, epochs trained by then). ``study``: its
+    num_samples, max_epochs, rungs and race. None before a trial has ended (until then a trial's cost is a guess, and a
+    guess at the full budget overstates a study that stops trials early; docs/performance.md, measurements behind the
+    code) or before an epoch after the first."""
+    if not ended or first is None or now[1] <= first[1]:
+        return None
+    num_samples, max_epochs, rungs, race = study
+    return study_epochs_left(ended, running, reruns, num_samples, max_epochs, rungs, race) * pace_since(first, now)
+
+
 def format_duration(seconds: float) -> str:
     """Seconds as "45 s", "12 min" or "2.5 h": seconds up to 3 minutes, where whole minutes would round 95 s to
     "2 min", a quarter more than the estimate itself (``python -m bench.eta``)."""
@@ -246,18 +266,11 @@ class Progress(Callback):
         self.first_result: tuple[float, int] | None = None  # when the first epoch was reported, and the epochs done then
 
     def _time_left(self, trials, search_ended: list[int], search_running: list[int], reruns_running: list[int]) -> float | None:
-        """Seconds the study still needs (:func:`study_epochs_left`) at the pace since its first reported epoch (Ray's
-        start-up left out): None before a trial has ended (until then a trial's cost is a guess, and a guess at the
-        full budget overstates a study that stops trials early; docs/performance.md, measurements behind the code)."""
+        """Seconds the study still needs (:func:`study_time_left`), or None."""
         done = sum(search_ended) + sum(search_running) + sum(reruns_running)
-        if not search_ended or self.first_result is None or done <= self.first_result[1]:
-            return None
         started = len(reruns_running) + sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED)
-        pace = pace_since(self.first_result, (time.time(), done))
-        left = study_epochs_left(
-            search_ended, search_running, (started, reruns_running), self.num_samples, self.max_epochs, self.rungs, self.race
-        )
-        return left * pace
+        study = (self.num_samples, self.max_epochs, self.rungs, self.race)
+        return study_time_left(self.first_result, (time.time(), done), search_ended, search_running, (started, reruns_running), study)
 
     def _outcome(self, trial) -> str:
         return trial_outcome(trial.last_result, error=trial.status == "ERROR", metric=self.metric, max_epochs=self.max_epochs)
