@@ -220,8 +220,7 @@ def replay_time_left(lines: list[str], trials: dict[str, tuple[str, list[float]]
         trained = bisect.bisect_right(times, when)
         if trained >= total or end - elapsed <= 0:
             continue
-        done = sum(ended) + sum(running) + sum(reruns[1])  # what the progress line counts: no ended re-run's epochs
-        left = study_time_left((times[0], 1), (when, done), ended, running, reruns, study)
+        left = study_time_left((times[0], 1), (when, trained), ended, running, reruns, study)
         if left is not None:
             errors.append((elapsed, (left - (end - elapsed)) / (end - elapsed)))
     if not errors:
