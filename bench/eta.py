@@ -176,7 +176,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
 
     record = StudyRecord.from_params(params, where="the study's parent run")
     rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
-    race = (record.confirm_top, record.val_folds, record.confirm_budget)
+    race, strata = (record.confirm_top, record.val_folds, record.confirm_budget), recorded_strata(record)
     times, by_epoch = epoch_times(trials)
     found, offset = progress_found(lines, by_epoch)
     first, end, total = times[0], found[-1][0], len(times)
@@ -187,7 +187,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
         trained = bisect.bisect_right(times, when)
         if left is None or not ended or trained <= 1 or trained >= total or end - elapsed <= 0:
             continue
-        epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race)
+        epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race, strata)
         pace = pace_since((first, 1), (when, trained))  # seconds per epoch since the first
         counts["lines"] += 1
         counts["epochs"] += abs(epochs / (total - trained) - 1) <= 0.5
@@ -209,7 +209,8 @@ def replay_time_left(lines: list[str], trials: dict[str, tuple[str, list[float]]
 
     record = StudyRecord.from_params(params, where="the study's parent run")
     rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
-    study = (record.num_samples, record.epochs, rungs, (record.confirm_top, record.val_folds, record.confirm_budget))
+    race = (record.confirm_top, record.val_folds, record.confirm_budget)
+    study = (record.num_samples, record.epochs, rungs, race, recorded_strata(record))
     times, by_epoch = epoch_times(trials)
     found, offset = progress_found(lines, by_epoch)
     end, total = found[-1][0], len(times)
@@ -228,9 +229,20 @@ def replay_time_left(lines: list[str], trials: dict[str, tuple[str, list[float]]
     within = sum(abs(e) <= 0.5 for _, e in errors)
     worst = max((e for _, e in errors), key=abs)
     return (
-        f"Replayed with this checkout's time left: the first estimate at {errors[0][0]:.0f} s ({errors[0][1]:+.0%}); "
-        f"{within} of {len(errors)} within 50 % (worst {worst:+.0%})"
+        f"Replayed with this checkout's time left (strata: {study[-1]}): the first estimate at {errors[0][0]:.0f} s "
+        f"({errors[0][1]:+.0%}); {within} of {len(errors)} within 50 % (worst {worst:+.0%})"
     )
+
+
+def recorded_strata(record) -> int:
+    """The strata the study's successive halving ran in (``settings.strata`` of its space file); 1 without a key it
+    compared trials apart by, or where the space file is no longer there."""
+    from study.launch.settings import strata
+    from study.search.spaces import load_space
+
+    if record.stratify_by is None or not Path(record.space).is_file():
+        return 1
+    return strata(load_space(record.space))
 
 
 def main(argv: list[str] | None = None) -> int:

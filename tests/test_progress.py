@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from study.launch.callbacks import Progress, epochs_left, kept_share, ladder_keep, rung_keep, rung_reached, trial_epochs_left
 
 METRIC = "val_recall_at_1"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def trial(trial_id: str, status: str, epochs: int, budget: int = 8, **config) -> SimpleNamespace:
@@ -54,10 +56,28 @@ def test_the_share_a_rung_keeps_of_the_trials_to_come_by_hand():
     assert rung_keep(0, 16, 4) == pytest.approx(5.94037 / 16, abs=1e-5)
     assert rung_keep(2, 2, 4) == pytest.approx((5 / 12 + 3 / 8) / 2)
     assert rung_keep(5, 0, 4) == 0.25
+    # halved apart for 2 losses, 8 trials each: 2 x (1 + 1.75 + 0.5 (H8 - 1)) = 7.218 kept of 16
+    assert rung_keep(0, 16, 4, strata=2) == pytest.approx(2 * (2.75 + 0.5 * 1.717857) / 16, abs=1e-5)
     # rungs at 4 of 16, full 17: 3 trials past 4 and one pruned at it (4 judged); 10 to come and one at 4 (11): the
     # 5th to 15th, 0.25 + 0.5 (H15 - H4) / 11
     assert ladder_keep(10, [17, 17, 4], [4, 9], [4], 16, 17) == pytest.approx([0.25 + 0.5 * 1.234899 / 11])
     assert trial_epochs_left(0, [4], 16, full=17, keep=[0.5]) == pytest.approx(4 + 13 / 2)
+
+
+def test_the_strata_are_the_values_of_the_loss_the_space_searches():
+    from study.launch.settings import strata
+    from study.search.spaces import load_space
+
+    assert strata(load_space(ROOT / "search_spaces/default.yaml")) == 2  # softmax and ice, halved apart
+    assert strata(load_space(ROOT / "search_spaces/ice.yaml")) == 1  # one loss
+
+
+def test_a_study_halves_in_its_spaces_strata_under_the_budget_scheduler_only(runs):
+    from study.launch import cli as launch
+    from study.launch.settings import study_settings
+
+    assert study_settings(launch.parse_args(["--space", "smoke"])).strata == 2
+    assert study_settings(launch.parse_args(["--space", "smoke", "--scheduler", "asha"])).strata == 1  # one stratum
 
 
 def test_epochs_left_by_hand():
@@ -197,5 +217,5 @@ def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs
     # 2nd judged: a kept at 1/2, 3 x 1/2 + 4 = 5.5 epochs at 5 s, 27.5 s against 65 (-58 %); then 30 s against 40 and
     # 50 / 6 x 2 = 16.7 s against 20, as above
     assert replay_time_left(lines, trials, params) == (
-        "Replayed with this checkout's time left: the first estimate at 55 s (-58%); 2 of 3 within 50 % (worst -58%)"
+        "Replayed with this checkout's time left (strata: 1): the first estimate at 55 s (-58%); 2 of 3 within 50 % (worst -58%)"
     )

@@ -11,6 +11,7 @@ final status (FINISHED, or FAILED with the reason). How the records reach MLflow
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -175,30 +176,37 @@ def kept_share(k: int, eta: float) -> float:
     return 1.0 if k <= 1 else 1 / eta + (1 - 2 / eta) / k
 
 
-def rung_keep(judged: int, coming: int, eta: float) -> float:
+def rung_keep(judged: int, coming: int, eta: float, strata: int = 1) -> float:
     """The share of ``coming`` trials a rung keeps, ``judged`` judged there before them: the mean of :func:`kept_share`
     from the (judged + 1)-th on; 1 / eta with none coming. The first trials at a rung are kept more often than 1 / eta
-    (ASHA has little to compare them with): 16 new trials at eta 4 keep 5.9 (0.37 each), not 4."""
+    (ASHA has little to compare them with): 16 new trials at eta 4 keep 5.9 (0.37 each), not 4. With ``strata``
+    (halving run apart for each loss, study.search.halving), the trials taken as spread evenly over them: the k-th
+    judged is the ceil(k / strata)-th of its stratum (16 over 2 keep 7.2)."""
     if coming <= 0:
         return 1 / eta
-    return sum(kept_share(k, eta) for k in range(judged + 1, judged + coming + 1)) / coming
+    return sum(kept_share(math.ceil(k / strata), eta) for k in range(judged + 1, judged + coming + 1)) / coming
 
 
-def ladder_keep(waiting: int, ended: list[int], running: list[int], rungs: Sequence[int], max_epochs: int, full: float) -> list[float]:
-    """The share each rung is expected to keep of the trials not judged there yet (:func:`rung_keep`): ``waiting``
-    trials not started, the rest of those ``running``; a trial past a rung's end was judged there, and so was one that
-    ended at it (pruned)."""
+def ladder_keep(
+    waiting: int, ended: list[int], running: list[int], rungs: Sequence[int], max_epochs: int, full: float, strata: int = 1
+) -> list[float]:
+    """The share each rung is expected to keep of the trials not judged there yet (:func:`rung_keep`, over ``strata``):
+    ``waiting`` trials not started, the rest of those ``running``; a trial past a rung's end was judged there, and so
+    was one that ended at it (pruned)."""
     ends, eta = ladder_ends(rungs, max_epochs, full)
     keep = []
     for end in ends[:-1]:
         judged = sum(e > end for e in [*ended, *running]) + sum(e == end for e in ended)
-        keep.append(rung_keep(judged, waiting + sum(e <= end for e in running), eta))
+        keep.append(rung_keep(judged, waiting + sum(e <= end for e in running), eta, strata))
     return keep
 
 
-def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, rungs: Sequence[int]) -> float:
+def epochs_left(
+    search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, rungs: Sequence[int], strata: int = 1
+) -> float:
     """Epochs the study still trains: ``search`` (trials not started, epochs of the ended ones, of the running ones) and
-    ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``.
+    ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``; ``strata``: the
+    values of the key halving runs apart for (1: none).
 
     A search trial is expected to train what successive halving keeps (:func:`trial_epochs_left`, at the shares of
     :func:`ladder_keep`), not the ended ones' mean: ASHA keeps the first trials at a rung freely (it has nothing to
@@ -208,7 +216,7 @@ def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, lis
     """
     waiting, ended, running = search
     full = max([max_epochs, *ended])
-    keep = ladder_keep(waiting, ended, running, rungs, max_epochs, full)
+    keep = ladder_keep(waiting, ended, running, rungs, max_epochs, full, strata)
     rerun_waiting, rerun_running = reruns
     return (
         waiting * trial_epochs_left(0, rungs, max_epochs, full, keep)
@@ -233,10 +241,12 @@ def study_epochs_left(
     max_epochs: int,
     rungs: Sequence[int],
     race: tuple[int, int, float],
+    strata: int = 1,
 ) -> float:
-    """Epochs a study of ``num_samples`` search trials on ``rungs`` still trains, then its race (``race``: candidates,
-    folds, budget; study.search.race): the search trials' epochs, ``ended`` and ``running``; the re-runs started and the
-    epochs of the running ones (``reruns``), and those the race trains if none is dropped (``selection.planned_runs``).
+    """Epochs a study of ``num_samples`` search trials on ``rungs`` (halved apart in ``strata``) still trains, then its
+    race (``race``: candidates, folds, budget; study.search.race): the search trials' epochs, ``ended`` and
+    ``running``; the re-runs started and the epochs of the running ones (``reruns``), and those the race trains if
+    none is dropped (``selection.planned_runs``).
 
     The race's rounds are counted on the search's epochs trained so far, not on its estimate: the budget's rule lets a
     whole round (3 re-runs of the full budget in the default study) start or not, so an estimate near its threshold was
@@ -246,7 +256,7 @@ def study_epochs_left(
     search = (max(num_samples - len(ended) - len(running), 0), ended, running)
     started, rerun_running = reruns
     planned = planned_runs(*race, sum(ended) + sum(running), max_epochs)
-    return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs)
+    return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs, strata)
 
 
 def rung_reached(epochs: list[int], rungs: Sequence[int]) -> bool:
@@ -261,21 +271,22 @@ def study_time_left(
     ended: list[int],
     running: list[int],
     reruns: tuple[int, list[int]],
-    study: tuple[int, int, Sequence[int], tuple[int, int, float]],
+    study: tuple[int, int, Sequence[int], tuple[int, int, float], int],
 ) -> float | None:
     """Seconds a study still needs: :func:`study_epochs_left` of ``ended`` and ``running`` search trials and the
     re-runs (``reruns``: started, the running ones' epochs) at the pace (:func:`pace_since`) from ``first`` (the first
     reported epoch, Ray's start-up left out) to ``now``, each (time, epochs trained by then, the ended re-runs'
-    included). ``study``: its num_samples, max_epochs, rungs and race.
+    included). ``study``: its num_samples, max_epochs, rungs, race and strata.
 
     None until a search trial has trained to the first rung (:func:`rung_reached`): from then on, since a trial to come
     counts what the rungs keep, not a guess at its full budget; not before, where the pace of the first epochs of the
     first trials alone was up to twice the study's (docs/performance.md, time left).
     """
-    num_samples, max_epochs, rungs, race = study
+    num_samples, max_epochs, rungs, race, strata = study
     if first is None or now[1] <= first[1] or not rung_reached([*ended, *running], rungs):
         return None
-    return study_epochs_left(ended, running, reruns, num_samples, max_epochs, rungs, race) * pace_since(first, now)
+    left = study_epochs_left(ended, running, reruns, num_samples, max_epochs, rungs, race, strata)
+    return left * pace_since(first, now)
 
 
 def format_duration(seconds: float) -> str:
@@ -289,13 +300,14 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress(Callback):
-    """One terminal line whenever a trial reports or ends: states, the best so far and, from the second reported epoch
-    on, the time left (``_time_left``).
+    """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has trained to
+    the first rung, the time left (``_time_left``).
 
     ``num_samples`` search trials on the scheduler's ``rungs`` (``EarlyStopping.rungs``; none without early stopping),
-    then the race's re-runs, counted apart (never "the best"). ``race``: its candidates, folds and budget
-    (``--confirm-top``, the data's folds, ``--confirm-budget``); the time left counts the re-runs it trains if none is
-    dropped, each round once the search has trained the epochs that pay for it (:func:`study_epochs_left`).
+    halved apart in ``strata`` (``settings.strata``), then the race's re-runs, counted apart (never "the best").
+    ``race``: its candidates, folds and budget (``--confirm-top``, the data's folds, ``--confirm-budget``); the time
+    left counts the re-runs it trains if none is dropped, each round once the search has trained the epochs that pay
+    for it (:func:`study_epochs_left`).
     """
 
     def __init__(
@@ -306,9 +318,10 @@ class Progress(Callback):
         num_samples: int,
         race: tuple[int, int, float] = (0, 0, 0.0),
         rungs: Sequence[int] = (),
+        strata: int = 1,
     ) -> None:
         self.metric, self.mode, self.max_epochs, self.num_samples, self.race = metric, mode, max_epochs, num_samples, race
-        self.rungs = tuple(rungs)
+        self.rungs, self.strata = tuple(rungs), strata
         self.started = time.time()
         self.last_line = 0.0
         self.first_result: tuple[float, int] | None = None  # when the first epoch was reported, and the epochs done then
@@ -317,7 +330,7 @@ class Progress(Callback):
         """Seconds the study still needs (:func:`study_time_left`), or None."""
         reruns_ended = [trial_epochs(t) for t in trials if confirmed_trial(t.config) is not None and t.status in ENDED]
         done = sum(search_ended) + sum(search_running) + sum(reruns_running) + sum(reruns_ended)
-        study = (self.num_samples, self.max_epochs, self.rungs, self.race)
+        study = (self.num_samples, self.max_epochs, self.rungs, self.race, self.strata)
         reruns = (len(reruns_running) + len(reruns_ended), reruns_running)
         return study_time_left(self.first_result, (time.time(), done), search_ended, search_running, reruns, study)
 
