@@ -9,7 +9,8 @@ study's runs folder, its ``mlflow.db``) every epoch's time splits each estimate 
 against those the study trained after it, and the pace so far (seconds per epoch, all slots together) against the
 pace that followed; a miss is put down to the factor that alone misses by more than 50 %. It also replays each
 estimate with the pace of the last W seconds, and each line with this checkout's count of the epochs left
-(``callbacks.study_epochs_left``) on the state the records give for that moment.
+(``callbacks.study_epochs_left``) and with its whole rule (``callbacks.study_time_left``, the lines printed without an
+estimate included: when the first one comes and how far it is) on the state the records give for that moment.
 
 Bound (issue 32): every estimate within 50 % of the truth.
 
