@@ -9,7 +9,8 @@ study's runs folder, its ``mlflow.db``) every epoch's time splits each estimate 
 against those the study trained after it, and the pace so far (seconds per epoch, all slots together) against the
 pace that followed; a miss is put down to the factor that alone misses by more than 50 %. It also replays each
 estimate with the pace of the last W seconds, and each line with this checkout's count of the epochs left
-(``callbacks.study_epochs_left``) on the state the records give for that moment.
+(``callbacks.study_epochs_left``) and with its whole rule (``callbacks.study_time_left``, the lines printed without an
+estimate included: when the first one comes and how far it is) on the state the records give for that moment.
 
 Bound (issue 32): every estimate within 50 % of the truth.
 
@@ -60,18 +61,19 @@ def misses(found: list[tuple[float, float | None]]) -> list[tuple[float, float, 
 
 def table(found: list[tuple[float, float | None]]) -> tuple[list[str], str]:
     """The table's lines (elapsed, estimate, truth, error) and a summary sentence."""
-    end, rows = found[-1][0], misses(found)
-    errors = [error for *_, error in rows]
+    end, missed = found[-1][0], misses(found)
+    errors = [error for *_, error in missed]
     rows = harness.table(
         ["elapsed s", "estimate s", "truth s", "error"],
-        ((f"{e:.0f}", f"{left:.0f}", f"{truth:.0f}", f"{error:+.0%}") for e, left, truth, error in rows),
+        ((f"{e:.0f}", f"{left:.0f}", f"{truth:.0f}", f"{error:+.0%}") for e, left, truth, error in missed),
     )
     within = sum(abs(e) <= 0.5 for e in errors)
     worst = max(errors, key=abs, default=0.0)
     first = next((elapsed for elapsed, left in found if left is not None), None)
+    first_error = next((f" ({error:+.0%})" for elapsed, *_, error in missed if elapsed == first), "")
     summary = (
         f"{within} of {len(errors)} estimates within 50 % of the truth (worst {worst:+.0%}); "
-        f"the first estimate at {first} s of {end:.0f} s; {sum(left is None for _, left in found)} lines without one"
+        f"the first estimate at {first} s of {end:.0f} s{first_error}; {sum(left is None for _, left in found)} lines without one"
     )
     return rows, summary
 
@@ -175,7 +177,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
 
     record = StudyRecord.from_params(params, where="the study's parent run")
     rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
-    race = (record.confirm_top, record.val_folds, record.confirm_budget)
+    race, strata = (record.confirm_top, record.val_folds, record.confirm_budget), recorded_strata(record)
     times, by_epoch = epoch_times(trials)
     found, offset = progress_found(lines, by_epoch)
     first, end, total = times[0], found[-1][0], len(times)
@@ -186,7 +188,7 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
         trained = bisect.bisect_right(times, when)
         if left is None or not ended or trained <= 1 or trained >= total or end - elapsed <= 0:
             continue
-        epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race)
+        epochs = study_epochs_left(ended, running, reruns, record.num_samples, record.epochs, rungs, race, strata)
         pace = pace_since((first, 1), (when, trained))  # seconds per epoch since the first
         counts["lines"] += 1
         counts["epochs"] += abs(epochs / (total - trained) - 1) <= 0.5
@@ -196,6 +198,52 @@ def replay(lines: list[str], trials: dict[str, tuple[str, list[float]]], params:
         f"Replayed with this checkout's epochs left: {counts['seconds']} of {n} estimates within 50 %; "
         f"the epochs expected within 50 % of those trained after the line {counts['epochs']} times"
     )
+
+
+def replay_time_left(lines: list[str], trials: dict[str, tuple[str, list[float]]], params: dict[str, str]) -> str:
+    """Every line's time left made again with this checkout's rule (``callbacks.study_time_left``) on the state the
+    study's records give for that moment, the lines the study printed without one included: when the first estimate
+    comes, how far it is from the truth, and how many are within 50 % of it (over the lines before the last epoch)."""
+    from study.launch.callbacks import study_time_left
+    from study.records.study_record import StudyRecord
+    from study.search.schedulers import ladder
+
+    record = StudyRecord.from_params(params, where="the study's parent run")
+    rungs = ladder(record.scheduler, record.epochs, record.grace_period, record.reduction_factor)[1]
+    race = (record.confirm_top, record.val_folds, record.confirm_budget)
+    study = (record.num_samples, record.epochs, rungs, race, recorded_strata(record))
+    times, by_epoch = epoch_times(trials)
+    found, offset = progress_found(lines, by_epoch)
+    end, total = found[-1][0], len(times)
+    errors = []
+    for elapsed, _ in found:
+        when = elapsed + offset
+        ended, running, reruns = state_at(trials, when)
+        trained = bisect.bisect_right(times, when)
+        if trained >= total or end - elapsed <= 0:
+            continue
+        left = study_time_left((times[0], 1), (when, trained), ended, running, reruns, study)
+        if left is not None:
+            errors.append((elapsed, (left - (end - elapsed)) / (end - elapsed)))
+    if not errors:
+        return "Replayed with this checkout's time left: no estimate"
+    within = sum(abs(e) <= 0.5 for _, e in errors)
+    worst = max((e for _, e in errors), key=abs)
+    return (
+        f"Replayed with this checkout's time left (strata: {study[-1]}): the first estimate at {errors[0][0]:.0f} s "
+        f"({errors[0][1]:+.0%}); {within} of {len(errors)} within 50 % (worst {worst:+.0%})"
+    )
+
+
+def recorded_strata(record) -> int:
+    """The strata the study's successive halving ran in (``settings.strata`` of its space file); 1 without a key it
+    compared trials apart by, or where the space file is no longer there."""
+    from study.launch.settings import strata
+    from study.search.spaces import load_space
+
+    if record.stratify_by is None or not Path(record.space).is_file():
+        return 1
+    return strata(load_space(record.space))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         trials, params = study_records(args.runs, args.study)
         text += "\n" + split_errors(lines, *epoch_times(trials)) + "\n"
         text += "\n" + replay(lines, trials, params) + "\n"
+        text += "\n" + replay_time_left(lines, trials, params) + "\n"
     print(text)
     if args.markdown:
         harness.write(args.markdown, text)

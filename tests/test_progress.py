@@ -1,17 +1,20 @@
-"""The progress line's time left (issue 32): no estimate until a trial has ended, then the pace since the first epoch
-and the cost of a trial on the ladder of budgets, worked out by hand."""
+"""The progress line's time left (issue 32): no estimate until a trial has trained to the first rung, then the pace
+since the first epoch and the cost of a trial on the ladder of budgets at the share ASHA keeps, worked out by hand."""
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from study.launch.callbacks import Progress, epochs_left, trial_epochs_left
+from study.launch.callbacks import Progress, epochs_left, kept_share, ladder_keep, rung_keep, rung_reached, trial_epochs_left
 
 METRIC = "val_recall_at_1"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def trial(trial_id: str, status: str, epochs: int, budget: int = 8, **config) -> SimpleNamespace:
@@ -35,46 +38,104 @@ def test_a_trials_epochs_left_on_the_ladder_by_hand():
     assert trial_epochs_left(3, [], 8, full=8) == 5  # no rungs: every trial trains the full budget
 
 
+def test_a_trial_at_a_rung_is_kept_as_asha_keeps_the_kth_on_random_scores():
+    # 1 / eta + (1 - 2 / eta) / k: at eta 4, 0.25 + 0.5 / k after the first
+    assert [kept_share(k, 4) for k in (1, 2, 3, 4)] == pytest.approx([1, 1 / 2, 5 / 12, 3 / 8])
+    assert kept_share(3, 2) == pytest.approx(1 / 2)  # above the midpoint of two: one chance in two
+    assert kept_share(10_001, 4) == pytest.approx(0.25, abs=1e-4)
+    # Ray's ASHA cutoff (np.nanpercentile of the scores before, at (1 - 1 / eta) x 100; no NaN here) on random scores
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 5):
+        scores = rng.random((200_000, k))
+        kept = scores[:, -1] >= np.percentile(scores[:, :-1], 75, axis=1)
+        assert kept.mean() == pytest.approx(kept_share(k, 4), abs=0.005)
+
+
+def test_the_share_a_rung_keeps_of_the_trials_to_come_by_hand():
+    # 16 new trials at eta 4: 1 + sum over k = 2..16 of (0.25 + 0.5 / k) = 1 + 3.75 + 0.5 (H16 - 1) = 5.940 kept
+    assert rung_keep(0, 16, 4) == pytest.approx(5.94037 / 16, abs=1e-5)
+    assert rung_keep(2, 2, 4) == pytest.approx((5 / 12 + 3 / 8) / 2)
+    assert rung_keep(5, 0, 4) == 0.25
+    # halved apart for 2 losses, 8 trials each: 2 x (1 + 1.75 + 0.5 (H8 - 1)) = 7.218 kept of 16
+    assert rung_keep(0, 16, 4, strata=2) == pytest.approx(2 * (2.75 + 0.5 * 1.717857) / 16, abs=1e-5)
+    # rungs at 4 of 16, full 17: 3 trials past 4 and one pruned at it (4 judged); 10 to come and one at 4 (11): the
+    # 5th to 15th, 0.25 + 0.5 (H15 - H4) / 11
+    assert ladder_keep(10, [17, 17, 4], [4, 9], [4], 16, 17) == pytest.approx([0.25 + 0.5 * 1.234899 / 11])
+    assert trial_epochs_left(0, [4], 16, full=17, keep=[0.5]) == pytest.approx(4 + 13 / 2)
+
+
+def test_the_strata_are_the_values_of_the_loss_the_space_searches():
+    from study.launch.settings import strata
+    from study.search.spaces import load_space
+
+    assert strata(load_space(ROOT / "search_spaces/default.yaml")) == 2  # softmax and ice, halved apart
+    assert strata(load_space(ROOT / "search_spaces/ice.yaml")) == 1  # one loss
+
+
+def test_a_study_halves_in_its_spaces_strata_under_the_budget_scheduler_only(runs):
+    from study.launch import cli as launch
+    from study.launch.settings import study_settings
+
+    assert study_settings(launch.parse_args(["--space", "smoke"])).strata == 2
+    assert study_settings(launch.parse_args(["--space", "smoke", "--scheduler", "asha"])).strata == 1  # one stratum
+
+
 def test_epochs_left_by_hand():
-    # rungs at 2 of 8 (eta 4): 2 + 6 / 4 = 3.5 epochs a new trial, 2 not started (7); one at its rung (6 / 4 = 1.5);
-    # a re-run not started (8): 16.5
-    assert epochs_left((2, [8], [2]), (1, []), 8, [2]) == pytest.approx(16.5)
+    # rungs at 2 of 8 (eta 4), one trial past 2 (judged), three to judge (2 not started, one at 2): kept at
+    # (1/2 + 5/12 + 3/8) / 3 = 31/72 each. 2 + 6 x 31/72 a new trial, 2 of them; 6 x 31/72 for the one at its rung;
+    # a re-run not started (8): 4 + 18 x 31/72 + 8 = 19.75
+    assert epochs_left((2, [8], [2]), (1, []), 8, [2]) == pytest.approx(19.75)
     assert epochs_left((0, [8, 2], []), (0, [3]), 8, [2]) == pytest.approx(5)  # only a re-run's 5 epochs left
 
 
 def test_the_trials_to_come_cost_what_halving_keeps_not_what_the_first_to_end_cost():
     # ASHA keeps the first trials at a rung (it has nothing to compare them with): 4 ended after the whole ladder
-    # (17 epochs). Each of the 10 not started costs 4 + 13 / 4 = 7.25, not the 17 the first ones did, and the one
-    # running at 9 epochs (kept at rung 4) trains its last 8
-    assert epochs_left((10, [17] * 4, [9]), (0, []), 16, [4]) == pytest.approx(72.5 + 8)
+    # (17 epochs). Each of the 10 not started is the 6th to 15th judged at rung 4, kept at 0.25 + 0.5 (H15 - H5) / 10
+    # = 0.3017: it costs 4 + 13 x 0.3017 = 7.92, not the 17 the first ones did; the one running at 9 epochs (kept at
+    # rung 4) trains its last 8
+    assert epochs_left((10, [17] * 4, [9]), (0, []), 16, [4]) == pytest.approx(10 * (4 + 13 * 0.301745) + 8, abs=1e-3)
 
 
-def test_no_time_left_until_a_trial_has_ended_then_the_pace_since_the_first_epoch(capsys):
+def test_a_time_left_once_a_trial_has_trained_to_the_first_rung():
+    assert not rung_reached([1, 1], [2, 4]) and rung_reached([2, 1], [2, 4]) and rung_reached([0, 5], [4])
+    assert not rung_reached([], [4]) and not rung_reached([0], []) and rung_reached([1], [])  # no rungs: an epoch
+
+
+def test_no_time_left_until_a_trial_is_at_the_first_rung_then_the_pace_since_the_first_epoch(capsys):
     # rungs at 2 of 8 epochs; one candidate, one fold to race on: one re-run
     progress = Progress(METRIC, "max", max_epochs=8, num_samples=4, race=(1, 2, 0.5), rungs=(2,))
     progress.started = time.time() - 30  # 30 s into the study, the first epoch reported 10 s in (Ray's start-up before)
     progress.first_result = (time.time() - 20, 0)
-    first = line(progress, [trial("a", "RUNNING", 6), trial("b", "RUNNING", 2)], capsys)
-    assert re.match(r"\[\s+30 s\] 2/4 trials", first) and "left" not in first  # a guess is not shown
-    # a ended after 8 epochs: 10 epochs in the 20 s since the first, 2 s each; 16.5 epochs left (test_epochs_left_by_hand)
+    first = line(progress, [trial("a", "RUNNING", 1), trial("b", "RUNNING", 1)], capsys)
+    assert re.match(r"\[\s+30 s\] 2/4 trials", first) and "left" not in first  # the first epochs' pace is not shown
+    # a at its rung: 3 epochs in 20 s. None judged yet, 4 to judge (2 not started, a and b): kept at
+    # (1 + 1/2 + 5/12 + 3/8) / 4 = 55/96. 2 new at 2 + 6 x 55/96, a 6 x 55/96, b 1 + 6 x 55/96, the re-run 8: 26.75
+    # epochs at 20/3 s
+    at_rung = [trial("a", "RUNNING", 2), trial("b", "RUNNING", 1)]
+    assert re.match(r"\[\s+30 s, ~178 s left\] 2/4 trials: 2 running, 0 complete", line(progress, at_rung, capsys))
+    # a ended after 8 epochs: 10 epochs in the 20 s since the first, 2 s each; 19.75 epochs left (test_epochs_left_by_hand)
     ended = [trial("a", "TERMINATED", 8), trial("b", "RUNNING", 2)]
-    assert re.match(r"\[\s+30 s, ~33 s left\] 2/4 trials: 1 running, 1 complete, 0 pruned", line(progress, ended, capsys))
+    assert re.match(r"\[\s+30 s, ~40 s left\] 2/4 trials: 1 running, 1 complete, 0 pruned", line(progress, ended, capsys))
     # the re-run started and trained 3 epochs, b was pruned at 2, and the other two trials ended (2 epochs each):
     # 5 epochs of the re-run left, at 20 s / 17 epochs
     done = [trial("a", "TERMINATED", 8), trial("b", "TERMINATED", 2), trial("c", "TERMINATED", 2), trial("d", "TERMINATED", 2)]
     rerun = trial("r", "RUNNING", 3, confirms_trial=0)
     assert re.match(r"\[\s+30 s, ~6 s left\] 4/4 trials", line(progress, [*done, rerun], capsys))
+    # a second re-run, ended after its 8 epochs, counts in the pace: 20 s / 25 epochs, 4 s for the 5 left
+    ended_rerun = trial("q", "TERMINATED", 8, confirms_trial=1)
+    assert re.match(r"\[\s+30 s, ~4 s left\] 4/4 trials", line(progress, [*done, ended_rerun, rerun], capsys))
 
 
 def test_the_races_rounds_count_once_the_search_has_trained_their_budget(capsys):
     # the default's race at val_fraction 0.2: 3 candidates, 5 folds, 0.6 x the search's epochs; rungs at 4 of 16, 17 epochs a kept
-    # trial. 6 kept and 4 pruned trials ended (118 epochs), 6 to come (6 x 7.25 = 43.5 more: 161.5 in all, which
-    # would pay for a second round of 3 re-runs: 0.6 x 161.5 >= 96). On the 118 epochs trained, 0.6 x 118 = 70.8 pays
-    # for the first round only: 43.5 + 48 epochs, at 0.5 s each since the first
+    # trial. 6 kept and 4 pruned trials ended (118 epochs), 6 to come, the 11th to 16th judged at rung 4: kept at
+    # 0.25 + 0.5 (H16 - H10) / 6 = 0.2876, 6 x (4 + 13 x 0.2876) = 46.4 more: 164.4 in all, which would pay for a second
+    # round of 3 re-runs (0.6 x 164.4 >= 96). On the 118 epochs trained, 0.6 x 118 = 70.8 pays for the first round
+    # only: 46.4 + 48 epochs, at 0.5 s each since the first
     progress = Progress(METRIC, "max", max_epochs=16, num_samples=16, race=(3, 5, 0.6), rungs=(4,))
     progress.first_result = (time.time() - 59, 0)
     ended = [trial(f"k{i}", "TERMINATED", 17, budget=16) for i in range(6)] + [trial(f"p{i}", "TERMINATED", 4, budget=4) for i in range(4)]
-    assert "~46 s left" in line(progress, ended, capsys)
+    assert "~47 s left" in line(progress, ended, capsys)
 
 
 def test_durations_read_in_seconds_up_to_three_minutes_then_minutes_then_hours():
@@ -125,7 +186,7 @@ def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs
     """bench.eta --runs: each line's estimate made again from the study's records. Two trials of up to 4 epochs on
     a rung at 1 (eta 4), then a race of 1 candidate on 1 more fold (one re-run of 4 epochs); the log's clock is
     MLflow's less 950 s. Every number below by hand."""
-    from bench.eta import replay, state_at
+    from bench.eta import replay, replay_time_left, state_at
     from tests.conftest import recorded_params
 
     trials = {
@@ -137,8 +198,8 @@ def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs
     assert state_at(trials, 1050) == ([4, 1], [], (1, [2]))
     lines = [
         "[    50 s] 1/2 trials | aaaaaaaa epoch 1/1: val 0.5",
-        # a at its rung (not judged yet: 3 / 4 more), the re-run to come (4): 4.75 epochs against the 7 that came;
-        # at 5 s an epoch so far 23.75 s against 65 s: the epochs within 50 %, the seconds not
+        # a at its rung (not judged yet, the 2nd there after b: 3 x 1/2 more), the re-run to come (4): 5.5 epochs
+        # against the 7 that came; at 5 s an epoch so far 27.5 s against 65 s: the epochs within 50 %, the seconds not
         "[    55 s, ~1 min left] 2/2 trials | bbbbbbbb epoch 1/1: val 0.4",
         # the search over: the re-run's 4 epochs, the right count; 7.5 s an epoch so far: 30 s against 40 s
         "[    80 s, ~30 s left] 2/2 trials | aaaaaaaa epoch 4/4: val 0.7",
@@ -151,4 +212,10 @@ def test_the_eta_bench_replays_each_line_with_this_checkouts_count_of_the_epochs
     assert replay(lines, trials, params) == (
         "Replayed with this checkout's epochs left: 2 of 3 estimates within 50 %; the epochs expected within 50 % of those "
         "trained after the line 3 times"
+    )
+    # the time left itself, every line: none at 50 s (one epoch); at 55 s a is at its rung and b was pruned there, the
+    # 2nd judged: a kept at 1/2, 3 x 1/2 + 4 = 5.5 epochs at 5 s, 27.5 s against 65 (-58 %); then 30 s against 40 and
+    # 50 / 6 x 2 = 16.7 s against 20, as above
+    assert replay_time_left(lines, trials, params) == (
+        "Replayed with this checkout's time left (strata: 1): the first estimate at 55 s (-58%); 2 of 3 within 50 % (worst -58%)"
     )

@@ -11,6 +11,7 @@ final status (FINISHED, or FAILED with the reason). How the records reach MLflow
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -135,45 +136,91 @@ def trial_epochs(trial) -> int:
     return result_trained(trial.last_result or {})
 
 
-def trial_epochs_left(epochs: float, rungs: Sequence[int], max_epochs: int, full: float) -> float:
-    """Epochs a search trial that has trained ``epochs`` is expected to train still, on the ladder of ``rungs`` (where
-    trials are judged, below ``max_epochs``) under successive halving, which keeps 1 / eta of the trials at each rung
-    (eta = (max_epochs / rungs[0]) ^ (1 / len(rungs))): the rest of the stretch it is on, then each later one with
-    eta^-k. A trial past a rung was kept there; one at a rung has yet to be judged. ``full``: the epochs of a trial
-    that trains to the end, the retrained tails of a budget-aware ladder included (trainables.core.budgets), spread
-    evenly over its promotions.
-
-    For stock ASHA's rung at 4 of 16 epochs, no tails (full 16): 4 + 12 / 4 epochs a new trial, 11 for one at 5 (kept).
-    """
+def ladder_ends(rungs: Sequence[int], max_epochs: int, full: float) -> tuple[list[float], float]:
+    """The epochs a trial has trained when the schedule of each stop of the ladder has finished (each rung below
+    ``max_epochs``, then ``max_epochs``), the retrained tails of ``full`` spread evenly over its promotions; and the
+    ladder's eta, (max_epochs / rungs[0]) ^ (1 / len(rungs)). For rungs at 4 of 16, full 17: ([4, 17], 4)."""
     stops = [*sorted(r for r in set(rungs) if r < max_epochs), max_epochs]
     eta = (max_epochs / stops[0]) ** (1 / (len(stops) - 1)) if len(stops) > 1 else 1.0
     tail = (full - max_epochs) / (len(stops) - 1) if len(stops) > 1 else 0.0
+    return [stop + i * tail for i, stop in enumerate(stops)], eta
+
+
+def trial_epochs_left(epochs: float, rungs: Sequence[int], max_epochs: int, full: float, keep: Sequence[float] | None = None) -> float:
+    """Epochs a search trial that has trained ``epochs`` is expected to train still, on the ladder of ``rungs`` (where
+    trials are judged, below ``max_epochs``): the rest of the stretch it is on, then each later one with the share of
+    trials the rungs before it keep (``keep``, one a rung; successive halving's 1 / eta each without it,
+    eta = (max_epochs / rungs[0]) ^ (1 / len(rungs))). A trial past a rung was kept there; one at a rung has yet to be
+    judged. ``full``: the epochs of a trial that trains to the end, the retrained tails of a budget-aware ladder
+    included (trainables.core.budgets), spread evenly over its promotions (:func:`ladder_ends`).
+
+    For stock ASHA's rung at 4 of 16 epochs, no tails (full 16): 4 + 12 / 4 epochs a new trial, 11 for one at 5 (kept).
+    """
+    ends, eta = ladder_ends(rungs, max_epochs, full)
+    keep = [1 / eta] * (len(ends) - 1) if keep is None else keep
     left, start, reach = 0.0, 0.0, 1.0
-    for i, stop in enumerate(stops):
-        end = stop + i * tail  # epochs trained when the schedule of this stop has finished
+    for i, end in enumerate(ends):
         if epochs <= end:
             left += reach * (end - max(epochs, start))
-            reach /= eta
+            reach *= keep[i] if i < len(keep) else 1.0
         start = end
     return left
 
 
-def epochs_left(search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, rungs: Sequence[int]) -> float:
-    """Epochs the study still trains: ``search`` (trials not started, epochs of the ended ones, of the running ones) and
-    ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``.
+def kept_share(k: int, eta: float) -> float:
+    """The chance that the ``k``-th trial judged at a rung (k >= 1) goes on, under ASHA's cutoff: the (1 - 1 / eta)
+    percentile (numpy's, interpolated) of the k - 1 scores the rung recorded before it, when the scores come in no
+    order. The trial's rank among the k is uniform, and it beats the score at position h = (1 - 1 / eta) (k - 2) of the
+    k - 1 before it, counted from the lowest, with chance (k - 1 - h) / k = 1 / eta + (1 - 2 / eta) / k: 1 for the
+    first (nothing to compare it with), 1/2 for the second, then 0.42, 0.38, ... toward 1 / eta (eta 4)."""
+    return 1.0 if k <= 1 else 1 / eta + (1 - 2 / eta) / k
 
-    A search trial is expected to train what successive halving keeps (:func:`trial_epochs_left`), not the ended ones'
-    mean: ASHA keeps the first trials at a rung freely (it has nothing to compare them with yet), so the first to end
-    cost the whole ladder while the later ones are kept at about 1 / eta, and the ended ones' mean overstates what is
-    left (docs/performance.md, measurements behind the code). The longest ended trial gives the ladder's full length
-    once one has trained it.
+
+def rung_keep(judged: int, coming: int, eta: float, strata: int = 1) -> float:
+    """The share of ``coming`` trials a rung keeps, ``judged`` judged there before them: the mean of :func:`kept_share`
+    from the (judged + 1)-th on; 1 / eta with none coming. The first trials at a rung are kept more often than 1 / eta
+    (ASHA has little to compare them with): 16 new trials at eta 4 keep 5.9 (0.37 each), not 4. With ``strata``
+    (halving run apart for each loss, study.search.halving), the trials taken as spread evenly over them: the k-th
+    judged is the ceil(k / strata)-th of its stratum (16 over 2 keep 7.2)."""
+    if coming <= 0:
+        return 1 / eta
+    return sum(kept_share(math.ceil(k / strata), eta) for k in range(judged + 1, judged + coming + 1)) / coming
+
+
+def ladder_keep(
+    waiting: int, ended: list[int], running: list[int], rungs: Sequence[int], max_epochs: int, full: float, strata: int = 1
+) -> list[float]:
+    """The share each rung is expected to keep of the trials not judged there yet (:func:`rung_keep`, over ``strata``):
+    ``waiting`` trials not started, the rest of those ``running``; a trial past a rung's end was judged there, and so
+    was one that ended at it (pruned)."""
+    ends, eta = ladder_ends(rungs, max_epochs, full)
+    keep = []
+    for end in ends[:-1]:
+        judged = sum(e > end for e in [*ended, *running]) + sum(e == end for e in ended)
+        keep.append(rung_keep(judged, waiting + sum(e <= end for e in running), eta, strata))
+    return keep
+
+
+def epochs_left(
+    search: tuple[int, list[int], list[int]], reruns: tuple[int, list[int]], max_epochs: int, rungs: Sequence[int], strata: int = 1
+) -> float:
+    """Epochs the study still trains: ``search`` (trials not started, epochs of the ended ones, of the running ones) and
+    ``reruns`` (not started, epochs of the running ones), each re-run one schedule of ``max_epochs``; ``strata``: the
+    values of the key halving runs apart for (1: none).
+
+    A search trial is expected to train what successive halving keeps (:func:`trial_epochs_left`, at the shares of
+    :func:`ladder_keep`), not the ended ones' mean: ASHA keeps the first trials at a rung freely (it has nothing to
+    compare them with yet), so the first to end cost the whole ladder while the later ones are kept less often, and
+    the ended ones' mean overstates what is left (docs/performance.md, measurements behind the code). The longest ended
+    trial gives the ladder's full length once one has trained it.
     """
     waiting, ended, running = search
     full = max([max_epochs, *ended])
+    keep = ladder_keep(waiting, ended, running, rungs, max_epochs, full, strata)
     rerun_waiting, rerun_running = reruns
     return (
-        waiting * trial_epochs_left(0, rungs, max_epochs, full)
-        + sum(trial_epochs_left(e, rungs, max_epochs, full) for e in running)
+        waiting * trial_epochs_left(0, rungs, max_epochs, full, keep)
+        + sum(trial_epochs_left(e, rungs, max_epochs, full, keep) for e in running)
         + rerun_waiting * max_epochs
         + sum(max_epochs - e for e in rerun_running)
     )
@@ -194,10 +241,12 @@ def study_epochs_left(
     max_epochs: int,
     rungs: Sequence[int],
     race: tuple[int, int, float],
+    strata: int = 1,
 ) -> float:
-    """Epochs a study of ``num_samples`` search trials on ``rungs`` still trains, then its race (``race``: candidates,
-    folds, budget; study.search.race): the search trials' epochs, ``ended`` and ``running``; the re-runs started and the
-    epochs of the running ones (``reruns``), and those the race trains if none is dropped (``selection.planned_runs``).
+    """Epochs a study of ``num_samples`` search trials on ``rungs`` (halved apart in ``strata``) still trains, then its
+    race (``race``: candidates, folds, budget; study.search.race): the search trials' epochs, ``ended`` and
+    ``running``; the re-runs started and the epochs of the running ones (``reruns``), and those the race trains if
+    none is dropped (``selection.planned_runs``).
 
     The race's rounds are counted on the search's epochs trained so far, not on its estimate: the budget's rule lets a
     whole round (3 re-runs of the full budget in the default study) start or not, so an estimate near its threshold was
@@ -207,7 +256,37 @@ def study_epochs_left(
     search = (max(num_samples - len(ended) - len(running), 0), ended, running)
     started, rerun_running = reruns
     planned = planned_runs(*race, sum(ended) + sum(running), max_epochs)
-    return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs)
+    return epochs_left(search, (max(planned - started, 0), rerun_running), max_epochs, rungs, strata)
+
+
+def rung_reached(epochs: list[int], rungs: Sequence[int]) -> bool:
+    """Whether a search trial (``epochs``: each one's epochs trained) has trained to the first of ``rungs``; with no
+    rungs, whether one has trained an epoch."""
+    return max(epochs, default=0) >= min(rungs, default=1)
+
+
+def study_time_left(
+    first: tuple[float, int] | None,
+    now: tuple[float, int],
+    ended: list[int],
+    running: list[int],
+    reruns: tuple[int, list[int]],
+    study: tuple[int, int, Sequence[int], tuple[int, int, float], int],
+) -> float | None:
+    """Seconds a study still needs: :func:`study_epochs_left` of ``ended`` and ``running`` search trials and the
+    re-runs (``reruns``: started, the running ones' epochs) at the pace (:func:`pace_since`) from ``first`` (the first
+    reported epoch, Ray's start-up left out) to ``now``, each (time, epochs trained by then, the ended re-runs'
+    included). ``study``: its num_samples, max_epochs, rungs, race and strata.
+
+    None until a search trial has trained to the first rung (:func:`rung_reached`): from then on, since a trial to come
+    counts what the rungs keep, not a guess at its full budget; not before, where the pace of the first epochs of the
+    first trials alone was up to twice the study's (docs/performance.md, time left).
+    """
+    num_samples, max_epochs, rungs, race, strata = study
+    if first is None or now[1] <= first[1] or not rung_reached([*ended, *running], rungs):
+        return None
+    left = study_epochs_left(ended, running, reruns, num_samples, max_epochs, rungs, race, strata)
+    return left * pace_since(first, now)
 
 
 def format_duration(seconds: float) -> str:
@@ -221,13 +300,14 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress(Callback):
-    """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has ended, the
-    time left (``_time_left``).
+    """One terminal line whenever a trial reports or ends: states, the best so far and, once a trial has trained to
+    the first rung, the time left (``_time_left``).
 
     ``num_samples`` search trials on the scheduler's ``rungs`` (``EarlyStopping.rungs``; none without early stopping),
-    then the race's re-runs, counted apart (never "the best"). ``race``: its candidates, folds and budget
-    (``--confirm-top``, the data's folds, ``--confirm-budget``); the time left counts the re-runs it trains if none is
-    dropped, each round once the search has trained the epochs that pay for it (:func:`study_epochs_left`).
+    halved apart in ``strata`` (``settings.strata``), then the race's re-runs, counted apart (never "the best").
+    ``race``: its candidates, folds and budget (``--confirm-top``, the data's folds, ``--confirm-budget``); the time
+    left counts the re-runs it trains if none is dropped, each round once the search has trained the epochs that pay
+    for it (:func:`study_epochs_left`).
     """
 
     def __init__(
@@ -238,26 +318,21 @@ class Progress(Callback):
         num_samples: int,
         race: tuple[int, int, float] = (0, 0, 0.0),
         rungs: Sequence[int] = (),
+        strata: int = 1,
     ) -> None:
         self.metric, self.mode, self.max_epochs, self.num_samples, self.race = metric, mode, max_epochs, num_samples, race
-        self.rungs = tuple(rungs)
+        self.rungs, self.strata = tuple(rungs), strata
         self.started = time.time()
         self.last_line = 0.0
         self.first_result: tuple[float, int] | None = None  # when the first epoch was reported, and the epochs done then
 
     def _time_left(self, trials, search_ended: list[int], search_running: list[int], reruns_running: list[int]) -> float | None:
-        """Seconds the study still needs (:func:`study_epochs_left`) at the pace since its first reported epoch (Ray's
-        start-up left out): None before a trial has ended (until then a trial's cost is a guess, and a guess at the
-        full budget overstates a study that stops trials early; docs/performance.md, measurements behind the code)."""
-        done = sum(search_ended) + sum(search_running) + sum(reruns_running)
-        if not search_ended or self.first_result is None or done <= self.first_result[1]:
-            return None
-        started = len(reruns_running) + sum(confirmed_trial(t.config) is not None for t in trials if t.status in ENDED)
-        pace = pace_since(self.first_result, (time.time(), done))
-        left = study_epochs_left(
-            search_ended, search_running, (started, reruns_running), self.num_samples, self.max_epochs, self.rungs, self.race
-        )
-        return left * pace
+        """Seconds the study still needs (:func:`study_time_left`), or None."""
+        reruns_ended = [trial_epochs(t) for t in trials if confirmed_trial(t.config) is not None and t.status in ENDED]
+        done = sum(search_ended) + sum(search_running) + sum(reruns_running) + sum(reruns_ended)
+        study = (self.num_samples, self.max_epochs, self.rungs, self.race, self.strata)
+        reruns = (len(reruns_running) + len(reruns_ended), reruns_running)
+        return study_time_left(self.first_result, (time.time(), done), search_ended, search_running, reruns, study)
 
     def _outcome(self, trial) -> str:
         return trial_outcome(trial.last_result, error=trial.status == "ERROR", metric=self.metric, max_epochs=self.max_epochs)

@@ -105,6 +105,11 @@ class StudySettings:
         return self.record.confirm_top, self.record.val_folds, self.confirm_budget
 
     @property
+    def strata(self) -> int:
+        """The strata the scheduler halves trials in (:func:`strata`; 1 where it compares them all together)."""
+        return strata(self.space) if self.early_stopping.stratify_by else 1
+
+    @property
     def reruns(self) -> int:
         """The race's re-runs the study's Tuner trains at most, after its ``num_samples`` trials: each candidate on
         every other fold."""
@@ -120,6 +125,16 @@ def stratify_by(space: Space) -> str | None:
     """The key whose values are compared apart by the budget scheduler: the loss family, when the space searches it."""
     searched = {p.name for p in space.params} | set(space.grid)
     return "loss" if "loss" in searched else None
+
+
+def strata(space: Space) -> int:
+    """The values of the key the budget scheduler compares trials apart by (:func:`stratify_by`) that ``space`` takes:
+    the strata successive halving runs in; 1 when it compares them all together."""
+    key = stratify_by(space)
+    if key is None:
+        return 1
+    choices = next((p.choices for p in space.params if p.name == key), ())
+    return max(len(set(choices) | set(space.grid.get(key, []))), 1)
 
 
 def study_settings(args: argparse.Namespace) -> StudySettings:

@@ -105,7 +105,9 @@ def new_tuner(settings: StudySettings, recorder: TrialRecorder):
             verbose=0,
             callbacks=[
                 MlflowTrials(recorder, s.record.metric, s.max_epochs),
-                Progress(s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.race_plan, s.early_stopping.rungs),
+                Progress(
+                    s.record.metric, s.record.mode, s.max_epochs, s.record.num_samples, s.race_plan, s.early_stopping.rungs, strata=s.strata
+                ),
                 *([KeepState(s.experiment_dir)] if "://" not in s.experiment_dir else []),
                 ReleaseMemory(),
                 CSVLoggerCallback(),
