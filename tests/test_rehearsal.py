@@ -59,6 +59,38 @@ def good_copy_holds_the_searcher(good) -> bool:
     return good.is_dir() and {"experiment_state-*.json", "search_gen_state-*.json"} <= tunestate.kinds(tunestate.state_files(good))
 
 
+def nothing_ended_since_the_good_copy(good, runs) -> bool:
+    """Every Optuna trial that has ended had ended in the kept copy of Tune's state too. A trial Optuna ended after that
+    copy would be continued by a resume from it, whose older scheduler may promote it: its MLflow run would then hold
+    more epochs than Optuna's record (docs/reference/faults.md, left open); a kill at such a moment tests that gap,
+    not this test's. The journal is read as lines (Optuna's SET_TRIAL_STATE_VALUES to COMPLETE, PRUNED or FAIL), not
+    opened: opening it may repair it, a write beside the driver's."""
+    import json
+
+    from optuna.storages.journal._storage import JournalOperation
+    from optuna.trial import TrialState
+
+    copies = sorted(good.glob("experiment_state-*.json"))
+    journal = runs / "optuna" / "journal.log"
+    if not copies or not journal.exists():
+        return False
+    try:
+        trials = json.loads(copies[-1].read_text())["trial_data"]
+        kept = sum(json.loads(t[0])["status"] in ("TERMINATED", "ERROR") for t in trials)
+    except (OSError, ValueError, KeyError):  # a copy being replaced
+        return False
+    ended_states = {TrialState.COMPLETE.value, TrialState.PRUNED.value, TrialState.FAIL.value}
+    ended = set()
+    for line in journal.read_text().splitlines():
+        try:
+            op = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if op.get("op_code") == JournalOperation.SET_TRIAL_STATE_VALUES.value and op.get("state") in ended_states:
+            ended.add(op["trial_id"])
+    return len(ended) == kept
+
+
 def test_a_rehearsal_killed_mid_study_and_its_torn_tune_state_resume_as_a_rehearsal_from_the_last_good_copy(tmp_path):
     """A rehearsal SIGKILLed mid-study, then its Ray Tune state files cut short (as a full disk leaves them: the
     experiment state cut mid-file, the searcher's state empty): --resume continues it as a rehearsal (the study's own
@@ -71,7 +103,15 @@ def test_a_rehearsal_killed_mid_study_and_its_torn_tune_state_resume_as_a_rehear
     experiment, good = runs / "ray" / "rk", runs / "ray" / "rk" / ".last-good"
     start = ["--rehearse", "0.5", "--ray-cpus", "4", "--space", "smoke", "--num-samples", "6", "--epochs", "8"]
     start += ["--study-name", "rk", "--confirm-budget", "0"]
-    run_and_kill(start, env, lambda: good_copy_holds_the_searcher(good) and sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2)
+    run_and_kill(
+        start,
+        env,
+        lambda: (
+            good_copy_holds_the_searcher(good)
+            and sum(e >= 2 for e in epochs_logged(runs, "rk")) >= 2
+            and nothing_ended_since_the_good_copy(good, runs)
+        ),
+    )
     state = max(experiment.glob("experiment_state-*.json"))
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     for searcher in experiment.glob("search_gen_state-*.json"):
