@@ -105,6 +105,16 @@ def disk_error_line(error: OSError, folders: list[str]) -> str:
     return f"{where}: {error.strerror or os.strerror(error.errno)}{left}"
 
 
+def disk_full_exit(error: BaseException, folders: list[str], advice: str) -> int:
+    """How a command ends on a full or read-only disk (``disk_error``): one line naming the file (else the fullest of
+    ``folders``), what the system said, the space left and ``advice``; exit status 1. Any other error is raised as it is."""
+    disk = disk_error(error)
+    if disk is None:
+        raise error
+    print_error(f"{disk_error_line(disk, folders)}; {advice}")
+    return 1
+
+
 def free_bytes(folder: str | os.PathLike) -> int | None:
     """The bytes an unprivileged writer may still use on the filesystem of ``folder`` (None when it cannot be read)."""
     try:

@@ -127,11 +127,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: training diverged: {error}", file=sys.stderr)
         return 1
     except Exception as error:  # a full or read-only disk (the runs folder, the store): one line
-        disk = inputs.disk_error(error)
-        if disk is None:
-            raise
-        where = inputs.disk_error_line(disk, [str(tracking.runs_dir())])
-        inputs.print_error(f"{where}; study.final stopped: free space there and run it again (it ends the runs this one left RUNNING)")
-        return 1
+        advice = "study.final stopped: free space there and run it again (it ends the runs this one left RUNNING)"
+        return inputs.disk_full_exit(error, [str(tracking.runs_dir())], advice)
     print_summary(result)
     return 0

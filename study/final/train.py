@@ -315,8 +315,8 @@ def killed_on_signal(run_id: str, writer: FinalWriter) -> Iterator[None]:
     except BaseException:
         writer.leave_run("FAILED")
         raise
-    writer.leave_run("FINISHED")  # then written once the server answers:
-    writer.patiently(lambda _: mlflow.MlflowClient().set_terminated(run_id, status="FINISHED"), "the run's end")
+    if not writer.leave_run("FINISHED"):  # the server was away: the end is written once it answers
+        writer.patiently(lambda _: mlflow.MlflowClient().set_terminated(run_id, status="FINISHED"), "the run's end")
 
 
 def train_configuration(

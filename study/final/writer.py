@@ -195,19 +195,21 @@ class FinalWriter:
             self._came_back()
             return result
 
-    def leave_run(self, status: str, reason: str | None = None) -> None:
-        """The active (fluent) run ends ``status``, with ``failure_reason`` when given, if the server answers; else it is
-        only left, RUNNING: an error or a signal stops the command, and the next study.final ends it (KILLED)."""
+    def leave_run(self, status: str, reason: str | None = None) -> bool:
+        """The active (fluent) run ends ``status``, with ``failure_reason`` when given, if the server answers (True);
+        else it is only left, RUNNING (False): an error or a signal stops the command, and the next study.final ends it
+        (KILLED), or the caller writes its end once the server answers."""
         if reachable(self.uri):
             with contextlib.suppress(Exception):
                 if reason:
                     mlflow.set_tag("failure_reason", reason)
                 mlflow.end_run(status=status)
-                return
+                return True
         # end_run takes the run off MLflow's stack before its write, which fails at once here: nothing is left for
         # MLflow's own end at exit to wait on
         with env_set("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"), env_set("MLFLOW_HTTP_REQUEST_TIMEOUT", "1"), contextlib.suppress(Exception):
             mlflow.end_run(status=status)
+        return False
 
     def _wait_for_server(self) -> None:
         while not reachable(self.uri):
@@ -230,19 +232,16 @@ class FinalWriter:
         self.away_since = None
 
 
-def replay_abandoned(uri: str, runs_locks: Path) -> list[str]:
+def replay_abandoned(uri: str, runs_locks: Path) -> None:
     """Write what the spools of killed study.finals on this host kept (their lock no longer held), before their runs
-    are ended KILLED; the spools go once written. Returns the locks whose spools were written."""
-    written = []
+    are ended KILLED; the spools go once written (one MLflow still cannot take stays, for the next try)."""
     for spool in sorted((runs_locks.parent / "spool").glob("final-*.jsonl")):
         lock = runs_locks / f"{spool.stem}.lock"
         if locks.abandoned(lock) is None:
             continue  # its study.final runs (or left no lock: nothing to tell)
         writer = FinalWriter(uri, spool, str(lock), say=lambda line: None)
-        if writer.drain():
-            written.append(str(lock))
+        writer.drain()
         writer.close()
-    return written
 
 
 def stop_runs(client, writer: FinalWriter, opened: list[str], parent_id: str | None, error: BaseException) -> bool:

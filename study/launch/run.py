@@ -124,12 +124,8 @@ def launch(args: argparse.Namespace) -> int:
         print(inputs.redacted(interrupted_message(error, settings)), file=sys.stderr)
         return interrupts.exit_code(error)
     except Exception as error:  # a full or read-only disk, also inside the TuneError Ray Tune makes of it: one line
-        disk = inputs.disk_error(error)
-        if disk is None:
-            raise
         folders = [str(tracking.runs_dir())] + ([settings.record.storage_path] if settings is not None else [])
-        inputs.print_error(f"{inputs.disk_error_line(disk, folders)}; {resume_hint(settings)}")
-        return 1
+        return inputs.disk_full_exit(error, folders, resume_hint(settings))
     console.print_study_summary(dataclasses.replace(outcome, uri=inputs.redacted(outcome.uri)), settings.record.metric)
     if settings.record.rehearse is not None:
         print("this was a rehearsal: every curve is the surrogate's (trainables/surrogate.py); its pick is not a model to retrain")

@@ -132,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except inputs.UsageError as error:  # a parent run that holds no study's record
         return inputs.print_error(error)
     except OSError as error:  # a full or read-only disk: one line; the staging folder, all that was written, goes
-        disk = inputs.disk_error(error)
-        if disk is None:
-            raise
-        where = inputs.disk_error_line(disk, [str(out)])
-        inputs.print_error(f"{where}; no report was written: free space there or pass --out elsewhere")
-        return 1
+        return inputs.disk_full_exit(error, [str(out)], "no report was written: free space there or pass --out elsewhere")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"report: {out / 'report.md'}, in one file with its pictures: {out / 'report.html'}")
